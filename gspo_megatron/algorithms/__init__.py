@@ -1,0 +1,1 @@
+"""GSPO / GSPO-token / GRPO: log-probs, advantages, policy losses, metrics (pure tensor code)."""

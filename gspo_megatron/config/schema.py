@@ -1,0 +1,310 @@
+"""Typed configuration tree of a gspo-megatron run.
+
+Every component owns one small dataclass here and receives only its own sub-config. The tree is
+an OmegaConf structured config: YAML files in ``configs/`` and command-line dot-list overrides are
+merged onto it, so an unknown key or a value of the wrong type is rejected at load time (see
+``config/load.py``); cross-field rules live in ``config/validate.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+
+@dataclass
+class FP8Config:
+    """FP8 training through Transformer Engine (GPU only)."""
+
+    enabled: bool = False
+    """Run the linear layers in FP8; needs ``model.transformer_impl=transformer_engine``."""
+    format: str = "hybrid"
+    """``hybrid`` (E4M3 forward, E5M2 backward) or ``e4m3``."""
+    recipe: str = "delayed"
+    """Scaling recipe: ``delayed``, ``tensorwise``, ``mxfp8`` or ``blockwise``."""
+    num_layers_at_start_in_bf16: int = 1
+    """Leading transformer layers kept in BF16 (they are the most sensitive)."""
+    num_layers_at_end_in_bf16: int = 1
+    """Trailing transformer layers kept in BF16."""
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of a Qwen3 (dense) or Qwen3-MoE model, in Hugging Face terms."""
+
+    arch: str = "qwen3_moe"
+    """``qwen3`` (dense) or ``qwen3_moe``."""
+    hf_path: Optional[str] = None
+    """Hugging Face checkpoint directory; when set, its config.json overrides the sizes below."""
+    num_layers: int = 2
+    hidden_size: int = 64
+    ffn_hidden_size: int = 128
+    """Dense MLP width (dense layers only)."""
+    num_attention_heads: int = 4
+    num_query_groups: int = 2
+    """Key/value heads (GQA)."""
+    head_dim: int = 16
+    vocab_size: int = 64
+    make_vocab_size_divisible_by: int = 128
+    """The embedding is padded to a multiple of this times TP; padding is cut on export."""
+    max_position_embeddings: int = 4096
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    qk_layernorm: bool = True
+    tie_word_embeddings: bool = False
+    num_experts: int = 0
+    """Routed experts per MoE layer; 0 means a dense model."""
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: int = 64
+    moe_norm_topk_prob: bool = True
+    """Renormalise the top-k routing probabilities (Qwen3-MoE does)."""
+    moe_aux_loss_coeff: float = 0.0
+    moe_router_dtype: str = "fp32"
+    moe_grouped_gemm: bool = False
+    """Grouped-GEMM experts (GPU); sequential experts otherwise."""
+    moe_token_dispatcher: str = "allgather"
+    """``allgather`` (works on CPU) or ``alltoall`` (GPU, the fast one with EP)."""
+    transformer_impl: str = "auto"
+    """``auto`` (Transformer Engine on GPU, local modules on CPU), ``transformer_engine`` or ``local``."""
+    params_dtype: str = "auto"
+    """``auto`` (bf16 on GPU, fp32 on CPU), ``bf16`` or ``fp32``."""
+    recompute: str = "none"
+    """Activation recomputation: ``none``, ``selective`` or ``full``."""
+    fp8: FP8Config = field(default_factory=FP8Config)
+
+
+@dataclass
+class ParallelConfig:
+    """Megatron-Core parallel layout. Data parallelism is what remains of the world size."""
+
+    tp: int = 1
+    """Tensor-parallel size."""
+    pp: int = 1
+    """Pipeline-parallel size."""
+    vpp: Optional[int] = None
+    """Virtual pipeline stages per rank (interleaved schedule); None disables it."""
+    ep: int = 1
+    """Expert-parallel size."""
+    etp: int = 1
+    """Expert tensor-parallel size."""
+    cp: int = 1
+    """Context-parallel size."""
+    sp: bool = False
+    """Sequence parallelism (needs tp > 1; required for MoE with tp > 1)."""
+    world_size: Optional[int] = None
+    """Learner processes; None means 'read it from the launcher' (validated again at start)."""
+
+
+@dataclass
+class OptimizerConfig:
+    """Adam with warm-up and decay; Megatron's distributed optimizer shards its state."""
+
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    warmup_steps: int = 0
+    """Optimizer steps of linear warm-up."""
+    lr_decay_style: str = "constant"
+    """``constant``, ``linear`` or ``cosine``."""
+    use_distributed_optimizer: bool = True
+    max_consecutive_nonfinite: int = 3
+    """Updates skipped for a non-finite loss or grad norm in a row before the run stops."""
+
+
+@dataclass
+class BatchConfig:
+    """How a rollout batch becomes optimizer steps."""
+
+    num_prompts_per_step: int = 8
+    """Prompts sampled per RL step; each gets ``rollout.n_samples_per_prompt`` responses."""
+    num_mini_batches: int = 4
+    """Optimizer steps per rollout batch (the paper splits each rollout batch into 4)."""
+    max_tokens_per_micro_batch: int = 4096
+    """Token budget of one packed micro-batch on one data-parallel rank (dynamic batching)."""
+
+
+@dataclass
+class DynamicSamplingConfig:
+    """DAPO-style dynamic sampling: groups whose rewards are all equal carry no signal."""
+
+    enabled: bool = False
+    max_rounds: int = 3
+    """Extra generation rounds allowed to refill dropped groups."""
+
+
+@dataclass
+class TISConfig:
+    """Truncated importance sampling against the rollout engine's log-probs."""
+
+    enabled: bool = False
+    level: str = "token"
+    """``token`` or ``sequence``."""
+    cap: float = 2.0
+    """C in ``min(pi_old / pi_rollout, C)``."""
+
+
+@dataclass
+class AlgorithmConfig:
+    """Policy-gradient objective; ``loss`` picks a registered loss, nothing else branches on it."""
+
+    loss: str = "gspo"
+    """``gspo``, ``gspo_token`` or ``grpo``."""
+    clip_eps_low: float = 3e-4
+    """Lower clip range (paper: 3e-4 for GSPO, 0.2 for GRPO)."""
+    clip_eps_high: float = 4e-4
+    """Upper clip range (paper: 4e-4 for GSPO, 0.27 for GRPO)."""
+    advantage: str = "group_norm"
+    """``group_norm`` ((r - mean) / (std + eps), paper Eq. 6) or ``group_mean`` (Dr. GRPO)."""
+    advantage_eps: float = 1e-6
+    grpo_aggregation: str = "token_mean"
+    """GRPO only: ``token_mean`` or ``seq_mean_token_mean``."""
+    kl_coef: float = 0.0
+    """k3 KL penalty to the reference policy; 0 disables it (the paper omits KL)."""
+    entropy_coef: float = 0.0
+    old_logprob_source: str = "learner"
+    """``learner`` (recompute) or ``rollout`` (the engine's log-probs, paper section 5.4)."""
+    tis: TISConfig = field(default_factory=TISConfig)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+
+
+@dataclass
+class SGLangConfig:
+    """SGLang server fleet used when ``rollout.engine=sglang``."""
+
+    server_addresses: List[str] = field(default_factory=list)
+    """``host:port`` of running servers; empty means launch ``num_servers`` of them."""
+    num_servers: int = 1
+    port: int = 30000
+    """First port; server i listens on ``port + i`` on its node."""
+    tp: int = 1
+    dp: int = 1
+    ep: int = 1
+    mem_fraction_static: float = 0.7
+    request_timeout_s: float = 600.0
+    max_retries: int = 3
+    health_timeout_s: float = 900.0
+
+
+@dataclass
+class WeightSyncConfig:
+    """How new weights travel from the learner to the rollout engine after each update."""
+
+    transport: str = "auto"
+    """``auto``, ``nccl`` (broadcast group, disaggregated), ``tensor`` (in-process / CUDA IPC) or ``disk``."""
+    bucket_bytes: int = 512 * 1024 * 1024
+    """Upper bound on the bytes of one streamed bucket."""
+    disk_dir: Optional[str] = None
+    """Shared directory for the ``disk`` transport."""
+
+
+@dataclass
+class RolloutConfig:
+    """Generation: engine, sampling parameters and placement."""
+
+    engine: str = "embedded"
+    """``embedded`` (in-process transformers, CPU default), ``sglang`` or ``reference`` (HTTP stand-in)."""
+    mode: str = "colocated"
+    """``colocated`` (engine shares the learner's devices) or ``disaggregated``."""
+    n_samples_per_prompt: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    stop: List[str] = field(default_factory=list)
+    overlap_one_step: bool = False
+    """Generate step k+1 while step k updates (one-step off-policy)."""
+    sglang: SGLangConfig = field(default_factory=SGLangConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+
+
+@dataclass
+class DataConfig:
+    """Prompt datasets (JSONL or Parquet)."""
+
+    train_path: Optional[str] = None
+    eval_path: Optional[str] = None
+    prompt_key: str = "prompt"
+    """Column with a prompt string or a list of chat messages."""
+    answer_key: str = "answer"
+    max_prompt_tokens: int = 512
+    """Longer prompts are skipped and counted."""
+    shuffle: bool = True
+    max_bad_row_fraction: float = 0.01
+    """The run stops when more than this fraction of rows is malformed."""
+    retire_solved_prompts: bool = False
+    """Query-set refresh: drop prompts that every sample solves or none does."""
+
+
+@dataclass
+class RewardConfig:
+    """Reward functions: registered names or ``module:function``."""
+
+    name: str = "math_verify"
+    timeout_s: float = 10.0
+    num_workers: int = 2
+
+
+@dataclass
+class CheckpointConfig:
+    """Megatron distributed checkpoints of the learner and the trainer state."""
+
+    dir: Optional[str] = None
+    """Defaults to ``<logging.run_dir>/checkpoints``."""
+    save_every_steps: int = 0
+    """0 saves only at the end (and on a preemption signal)."""
+    load_dir: Optional[str] = None
+    """Initial weights (a converted HF checkpoint); None means random init or ``model.hf_path``."""
+    resume: str = "auto"
+    """``auto`` resumes when ``dir`` holds a checkpoint; ``always`` or ``never``."""
+    keep_last: int = 2
+
+
+@dataclass
+class WandbConfig:
+    enabled: bool = True
+    mode: str = "offline"
+    """``offline`` unless ``online`` is asked for and a key is present."""
+    project: str = "gspo-megatron"
+    entity: Optional[str] = None
+    name: Optional[str] = None
+
+
+@dataclass
+class LoggingConfig:
+    run_dir: str = "runs/default"
+    """All outputs of a run: resolved config, metrics.jsonl, plots, checkpoints, logs."""
+    log_every_steps: int = 1
+    plot: bool = True
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
+class TrainerConfig:
+    """The RL loop."""
+
+    num_steps: int = 10
+    seed: int = 1234
+    eval_every_steps: int = 0
+    """0 evaluates only before and after training."""
+    num_sft_steps: int = 0
+    """Cold-start supervised steps on reference answers before RL (the paper cold-starts)."""
+
+
+@dataclass
+class GSPOConfig:
+    """Root of the configuration tree."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    algo: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -1,0 +1,149 @@
+"""Cross-field rules of the configuration tree, in one place.
+
+Type and key checks come from the structured schema; this module checks what only makes sense
+across fields: a parallel layout that Megatron-Core would reject (or, worse, silently run
+wrongly), batch settings that cannot fit, and algorithm settings outside their meaning. All
+problems are collected and reported together, each naming its key. ``tests/test_configs`` runs
+this on every file in ``configs/``.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+CHOICES = {
+    "model.arch": ("qwen3", "qwen3_moe"),
+    "model.transformer_impl": ("auto", "transformer_engine", "local"),
+    "model.params_dtype": ("auto", "bf16", "fp32"),
+    "model.recompute": ("none", "selective", "full"),
+    "model.moe_token_dispatcher": ("allgather", "alltoall"),
+    "model.moe_router_dtype": ("fp32", "fp64", "none"),
+    "model.fp8.format": ("hybrid", "e4m3"),
+    "model.fp8.recipe": ("delayed", "tensorwise", "mxfp8", "blockwise"),
+    "optimizer.lr_decay_style": ("constant", "linear", "cosine"),
+    "algo.loss": ("gspo", "gspo_token", "grpo"),
+    "algo.advantage": ("group_norm", "group_mean"),
+    "algo.grpo_aggregation": ("token_mean", "seq_mean_token_mean"),
+    "algo.old_logprob_source": ("learner", "rollout"),
+    "algo.tis.level": ("token", "sequence"),
+    "rollout.engine": ("embedded", "sglang", "reference"),
+    "rollout.mode": ("colocated", "disaggregated"),
+    "rollout.weight_sync.transport": ("auto", "nccl", "tensor", "disk"),
+    "checkpoint.resume": ("auto", "always", "never"),
+    "logging.wandb.mode": ("offline", "online", "disabled"),
+}
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the file, override or key."""
+
+
+def _get(cfg, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def validate_config(cfg, world_size: Optional[int] = None) -> None:
+    """Raise ConfigError listing every inconsistency found; return None when all is well."""
+    errors: List[str] = []
+
+    def check(ok: bool, key: str, msg: str) -> None:
+        if not ok:
+            errors.append(f"{key}: {msg}")
+
+    for key, allowed in CHOICES.items():
+        value = _get(cfg, key)
+        check(value in allowed, key, f"'{value}' is not one of {', '.join(allowed)}")
+
+    m, p = cfg.model, cfg.parallel
+    for key in ("tp", "pp", "ep", "etp", "cp"):
+        check(getattr(p, key) >= 1, f"parallel.{key}", "must be >= 1")
+    if errors:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+
+    # Model shapes against the layout.
+    check(m.num_attention_heads % p.tp == 0, "parallel.tp",
+          f"tp={p.tp} must divide model.num_attention_heads={m.num_attention_heads}")
+    check(m.num_query_groups % p.tp == 0, "parallel.tp",
+          f"tp={p.tp} must divide model.num_query_groups={m.num_query_groups}")
+    check(m.num_attention_heads % m.num_query_groups == 0, "model.num_query_groups",
+          f"{m.num_query_groups} must divide model.num_attention_heads={m.num_attention_heads}")
+    check(m.num_layers % p.pp == 0, "parallel.pp",
+          f"pp={p.pp} must divide model.num_layers={m.num_layers}")
+    if p.vpp is not None:
+        check(p.pp > 1, "parallel.vpp", "virtual pipeline stages need parallel.pp > 1")
+        check(p.vpp >= 1 and m.num_layers % (p.pp * p.vpp) == 0, "parallel.vpp",
+              f"pp*vpp={p.pp}*{p.vpp} must divide model.num_layers={m.num_layers}")
+    check(not p.sp or p.tp > 1, "parallel.sp", "sequence parallelism needs parallel.tp > 1")
+
+    is_moe = m.arch == "qwen3_moe"
+    check(is_moe == (m.num_experts > 0), "model.num_experts",
+          f"arch={m.arch} needs num_experts {'> 0' if is_moe else '= 0'}, got {m.num_experts}")
+    if is_moe and m.num_experts > 0:
+        check(m.num_experts % p.ep == 0, "parallel.ep",
+              f"ep={p.ep} must divide model.num_experts={m.num_experts}")
+        check(1 <= m.moe_router_topk <= m.num_experts, "model.moe_router_topk",
+              f"{m.moe_router_topk} must be in [1, num_experts={m.num_experts}]")
+        check(p.tp == 1 or p.sp, "parallel.sp",
+              f"MoE with tp={p.tp} requires sequence parallelism (set parallel.sp=true)")
+    else:
+        check(p.ep == 1 and p.etp == 1, "parallel.ep",
+              "expert parallelism (ep/etp > 1) needs an MoE model")
+
+    world = world_size if world_size is not None else p.world_size
+    if world_size is not None and p.world_size is not None and world_size != p.world_size:
+        errors.append(f"parallel.world_size: config says {p.world_size} but {world_size} "
+                      "processes were launched")
+    if world is not None:
+        dense_group = p.tp * p.pp * p.cp
+        check(world % dense_group == 0, "parallel.world_size",
+              f"world size {world} is not divisible by tp*pp*cp = {p.tp}*{p.pp}*{p.cp} = {dense_group}")
+        expert_group = p.etp * p.ep * p.pp
+        check(world % expert_group == 0, "parallel.ep",
+              f"world size {world} is not divisible by etp*ep*pp = {p.etp}*{p.ep}*{p.pp} = {expert_group}")
+        if world % dense_group == 0:
+            dp = world // dense_group
+            num_samples = cfg.batch.num_prompts_per_step * cfg.rollout.n_samples_per_prompt
+            per_mini = num_samples // max(cfg.batch.num_mini_batches, 1)
+            check(per_mini >= dp, "batch.num_mini_batches",
+                  f"a mini-batch of {per_mini} sequences cannot feed {dp} data-parallel ranks")
+
+    # Batching.
+    b, r = cfg.batch, cfg.rollout
+    check(b.num_prompts_per_step >= 1, "batch.num_prompts_per_step", "must be >= 1")
+    check(b.num_mini_batches >= 1, "batch.num_mini_batches", "must be >= 1")
+    num_samples = b.num_prompts_per_step * r.n_samples_per_prompt
+    check(num_samples % max(b.num_mini_batches, 1) == 0, "batch.num_mini_batches",
+          f"{b.num_mini_batches} must divide the rollout batch of "
+          f"{b.num_prompts_per_step}*{r.n_samples_per_prompt} = {num_samples} sequences")
+    longest = cfg.data.max_prompt_tokens + r.max_new_tokens
+    check(b.max_tokens_per_micro_batch >= longest, "batch.max_tokens_per_micro_batch",
+          f"{b.max_tokens_per_micro_batch} cannot hold one sequence of up to "
+          f"data.max_prompt_tokens + rollout.max_new_tokens = {longest} tokens")
+    check(longest <= m.max_position_embeddings, "rollout.max_new_tokens",
+          f"prompt+response of {longest} tokens exceeds model.max_position_embeddings="
+          f"{m.max_position_embeddings}")
+    check(r.n_samples_per_prompt >= 2 or cfg.algo.advantage == "group_mean",
+          "rollout.n_samples_per_prompt", "group-normalised advantages need >= 2 samples per prompt")
+
+    # Algorithm.
+    a = cfg.algo
+    check(0.0 <= a.clip_eps_low < 1.0, "algo.clip_eps_low", f"{a.clip_eps_low} must be in [0, 1)")
+    check(a.clip_eps_high >= 0.0, "algo.clip_eps_high", f"{a.clip_eps_high} must be >= 0")
+    check(a.kl_coef >= 0.0, "algo.kl_coef", "must be >= 0")
+    check(a.tis.cap >= 1.0, "algo.tis.cap", f"{a.tis.cap} must be >= 1")
+    check(r.temperature > 0.0, "rollout.temperature", "must be > 0 (log-probs of greedy decoding are not a policy)")
+    check(0.0 < r.top_p <= 1.0, "rollout.top_p", "must be in (0, 1]")
+
+    # Precision.
+    if m.fp8.enabled:
+        check(m.transformer_impl in ("auto", "transformer_engine"), "model.fp8.enabled",
+              "FP8 needs model.transformer_impl=transformer_engine (GPU)")
+    check(cfg.optimizer.lr > 0, "optimizer.lr", "must be > 0")
+    check(cfg.optimizer.max_consecutive_nonfinite >= 1, "optimizer.max_consecutive_nonfinite",
+          "must be >= 1")
+
+    if errors:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))

@@ -1,0 +1,1 @@
+"""Process groups, device choice and the Megatron-Core CPU compatibility layer."""

@@ -1,0 +1,192 @@
+"""Start and stop the distributed runtime of a learner process, on GPU or CPU.
+
+One place reads the launcher's environment (torchrun or Slurm ``srun``), picks NCCL on GPU and
+gloo on CPU (applying the Megatron-Core CPU compatibility layer only there), initialises
+``torch.distributed`` and Megatron's ``parallel_state`` for the configured TP/PP/VPP/CP/EP/ETP
+layout, and seeds every RNG reproducibly. Everything else asks :class:`RuntimeInfo`, never the
+environment.
+
+    with distributed_runtime(cfg.parallel, seed=cfg.trainer.seed) as rt:
+        ...  # rt.device, rt.rank, rt.dp_size
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import socket
+import subprocess
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Iterator, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from gspo_megatron.config.schema import ParallelConfig
+from gspo_megatron.config.validate import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """Where this process sits in the job, as the launcher described it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    launcher: str
+    """``torchrun``, ``slurm`` or ``single``."""
+
+
+@dataclass(frozen=True)
+class RuntimeInfo:
+    """What the rest of the program needs to know about the running job."""
+
+    launch: LaunchEnv
+    device: torch.device
+    backend: str
+    tp_size: int
+    pp_size: int
+    cp_size: int
+    ep_size: int
+    etp_size: int
+    dp_size: int
+
+    @property
+    def rank(self) -> int:
+        return self.launch.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.launch.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.launch.rank == 0
+
+
+def _first_slurm_host(nodelist: str) -> str:
+    """First hostname of a Slurm node list, via ``scontrol`` when present (it knows the syntax)."""
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True,
+                             capture_output=True, text=True, timeout=30).stdout.split()
+        if out:
+            return out[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    head = nodelist.split(",")[0]
+    if "[" in head:  # node[01-04] -> node01
+        prefix, rest = head.split("[", 1)
+        head = prefix + rest.split("-")[0].split(",")[0].rstrip("]")
+    return head
+
+
+def detect_launch_env(environ: Optional[dict] = None) -> LaunchEnv:
+    """Read rank/world/master from torchrun variables, else Slurm's, else a single process."""
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return LaunchEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
+                         env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)),
+                         "torchrun")
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        addr = env.get("MASTER_ADDR") or _first_slurm_host(env.get("SLURM_JOB_NODELIST", "localhost"))
+        default_port = 20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000
+        return LaunchEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]),
+                         int(env.get("SLURM_LOCALID", 0)), addr,
+                         int(env.get("MASTER_PORT", default_port)), "slurm")
+    return LaunchEnv(0, 1, 0, "127.0.0.1", int(env.get("MASTER_PORT", 0)) or free_port(), "single")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pick_device(local_rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def seed_everything(seed: int, rank_offset: int = 0) -> None:
+    """Seed Python, NumPy and torch; Megatron's model-parallel RNG tracker is seeded separately."""
+    random.seed(seed + rank_offset)
+    np.random.seed((seed + rank_offset) % (2**32))
+    torch.manual_seed(seed + rank_offset)
+
+
+def init_distributed(parallel: ParallelConfig, seed: int = 1234,
+                     timeout_minutes: int = 30, environ: Optional[dict] = None) -> RuntimeInfo:
+    """Initialise torch.distributed + Megatron parallel state; idempotent per process."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    launch = detect_launch_env(environ)
+    model_parallel = parallel.tp * parallel.pp * parallel.cp
+    if launch.world_size % model_parallel or launch.world_size % (parallel.ep * parallel.etp * parallel.pp):
+        raise ConfigError(
+            f"parallel: {launch.world_size} processes cannot hold tp={parallel.tp} pp={parallel.pp} "
+            f"cp={parallel.cp} ep={parallel.ep} etp={parallel.etp}")
+    if parallel.world_size is not None and parallel.world_size != launch.world_size:
+        raise ConfigError(f"parallel.world_size: config says {parallel.world_size} but "
+                          f"{launch.world_size} processes were launched ({launch.launcher})")
+
+    device = pick_device(launch.local_rank)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cpu":
+        from gspo_megatron.distributed.cpu_compat import apply_cpu_compat
+
+        apply_cpu_compat()
+
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend, init_method=f"tcp://{launch.master_addr}:{launch.master_port}",
+            rank=launch.rank, world_size=launch.world_size,
+            timeout=timedelta(minutes=timeout_minutes))
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=parallel.tp,
+            pipeline_model_parallel_size=parallel.pp,
+            virtual_pipeline_model_parallel_size=parallel.vpp,
+            context_parallel_size=parallel.cp,
+            expert_model_parallel_size=parallel.ep,
+            expert_tensor_parallel_size=parallel.etp,
+            distributed_timeout_minutes=timeout_minutes,
+        )
+    seed_everything(seed)
+    model_parallel_cuda_manual_seed(seed)
+    info = RuntimeInfo(launch=launch, device=device, backend=backend, tp_size=parallel.tp,
+                       pp_size=parallel.pp, cp_size=parallel.cp, ep_size=parallel.ep,
+                       etp_size=parallel.etp, dp_size=launch.world_size // model_parallel)
+    if info.is_main:
+        log.info("distributed runtime up: %s", info)
+    return info
+
+
+def shutdown_distributed() -> None:
+    """Tear down Megatron groups and the default process group (safe to call twice)."""
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def distributed_runtime(parallel: ParallelConfig, seed: int = 1234,
+                        environ: Optional[dict] = None) -> Iterator[RuntimeInfo]:
+    info = init_distributed(parallel, seed=seed, environ=environ)
+    try:
+        yield info
+    finally:
+        shutdown_distributed()

@@ -1,0 +1,1 @@
+"""Hugging Face Qwen3 / Qwen3-MoE configs -> Megatron TransformerConfig, layer specs, GPTModel."""

@@ -1,0 +1,170 @@
+"""Build a Megatron-Core ``GPTModel`` for Qwen3 / Qwen3-MoE from our typed model config.
+
+Qwen3 in Megatron terms: RMSNorm (pre-norm), QK RMSNorm per head, GQA, SwiGLU without biases,
+RoPE (non-interleaved halves, like HF's ``rotate_half``), untied output layer unless
+``tie_word_embeddings``. Qwen3-MoE replaces every MLP by routed experts: softmax over the
+router logits, top-k, renormalised when ``norm_topk_prob`` -- which is Megatron's
+``moe_router_pre_softmax=False`` (softmax of the top-k logits), and no shared expert.
+
+Layer specs: Transformer Engine modules on GPU, Megatron's local modules on CPU with
+:class:`SequenceParallelRMSNorm` so that TP + SP (needed for TP with MoE) runs there too.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from gspo_megatron.config.schema import ModelConfig, ParallelConfig
+from gspo_megatron.model.norms import SequenceParallelRMSNorm
+
+log = logging.getLogger(__name__)
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
+    """Megatron pads the embedding so each TP rank holds an equal, aligned slice."""
+    multiple = divisible_by * tp
+    return ((vocab_size + multiple - 1) // multiple) * multiple
+
+
+def resolve_transformer_impl(model: ModelConfig) -> str:
+    if model.transformer_impl != "auto":
+        return model.transformer_impl
+    return "transformer_engine" if torch.cuda.is_available() else "local"
+
+
+def resolve_params_dtype(model: ModelConfig) -> torch.dtype:
+    if model.params_dtype == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    return {"bf16": torch.bfloat16, "fp32": torch.float32}[model.params_dtype]
+
+
+def build_transformer_config(model: ModelConfig, parallel: ParallelConfig):
+    """Map the model and parallel configs onto Megatron's ``TransformerConfig``."""
+    from megatron.core.transformer import TransformerConfig
+
+    impl = resolve_transformer_impl(model)
+    dtype = resolve_params_dtype(model)
+    on_gpu = torch.cuda.is_available()
+    is_moe = model.num_experts > 0
+    kwargs = dict(
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        ffn_hidden_size=model.ffn_hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_query_groups,
+        kv_channels=model.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=model.rms_norm_eps,
+        qk_layernorm=model.qk_layernorm,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        pipeline_dtype=dtype,
+        tensor_model_parallel_size=parallel.tp,
+        pipeline_model_parallel_size=parallel.pp,
+        virtual_pipeline_model_parallel_size=parallel.vpp,
+        context_parallel_size=parallel.cp,
+        sequence_parallel=parallel.sp,
+        expert_model_parallel_size=parallel.ep,
+        expert_tensor_parallel_size=parallel.etp,
+        use_cpu_initialization=not on_gpu,
+        perform_initialization=True,
+        # Fusions need CUDA kernels (apex / TE); the local path computes the same thing unfused.
+        bias_activation_fusion=on_gpu and impl == "transformer_engine",
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        bias_dropout_fusion=on_gpu and impl == "transformer_engine",
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        init_method_std=0.02,
+    )
+    if is_moe:
+        kwargs.update(
+            num_moe_experts=model.num_experts,
+            moe_router_topk=model.moe_router_topk,
+            moe_ffn_hidden_size=model.moe_ffn_hidden_size,
+            moe_router_pre_softmax=not model.moe_norm_topk_prob,
+            moe_router_load_balancing_type="aux_loss" if model.moe_aux_loss_coeff > 0 else "none",
+            moe_aux_loss_coeff=model.moe_aux_loss_coeff,
+            moe_router_dtype=None if model.moe_router_dtype == "none" else model.moe_router_dtype,
+            moe_token_dispatcher_type=model.moe_token_dispatcher,
+            moe_grouped_gemm=model.moe_grouped_gemm,
+            moe_permute_fusion=False,
+        )
+    if model.recompute != "none":
+        kwargs.update(recompute_granularity=model.recompute,
+                      recompute_method="uniform" if model.recompute == "full" else None,
+                      recompute_num_layers=1 if model.recompute == "full" else None)
+    if model.fp8.enabled:
+        kwargs.update(fp8=model.fp8.format, fp8_recipe=model.fp8.recipe,
+                      first_last_layers_bf16=True,
+                      num_layers_at_start_in_bf16=model.fp8.num_layers_at_start_in_bf16,
+                      num_layers_at_end_in_bf16=model.fp8.num_layers_at_end_in_bf16)
+    return TransformerConfig(**kwargs)
+
+
+def build_layer_spec(model: ModelConfig, config, vp_stage: Optional[int] = None):
+    """Transformer Engine spec on GPU, local spec with SP-capable norms elsewhere."""
+    from megatron.core.models.gpt import gpt_layer_specs
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
+
+    num_experts = model.num_experts or None
+    if resolve_transformer_impl(model) == "transformer_engine":
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
+            num_experts=num_experts, moe_grouped_gemm=model.moe_grouped_gemm,
+            qk_layernorm=model.qk_layernorm)
+    layer = gpt_layer_specs.get_gpt_layer_local_spec(
+        num_experts=num_experts, moe_grouped_gemm=model.moe_grouped_gemm,
+        qk_layernorm=model.qk_layernorm, normalization="RMSNorm")
+    sub = layer.submodules
+    sub.input_layernorm = SequenceParallelRMSNorm
+    sub.pre_mlp_layernorm = SequenceParallelRMSNorm
+    attn = sub.self_attention.submodules
+    if model.qk_layernorm:
+        attn.q_layernorm = SequenceParallelRMSNorm
+        attn.k_layernorm = SequenceParallelRMSNorm
+    num_layers = get_num_layers_to_build(config, vp_stage=vp_stage)
+    return TransformerBlockSubmodules(layer_specs=[layer] * num_layers,
+                                      layer_norm=SequenceParallelRMSNorm)
+
+
+def build_gpt_model(model: ModelConfig, parallel: ParallelConfig, *,
+                    pre_process: Optional[bool] = None, post_process: Optional[bool] = None,
+                    vp_stage: Optional[int] = None, config=None):
+    """One model chunk for this rank's pipeline stage. Needs Megatron parallel state."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+
+    config = config or build_transformer_config(model, parallel)
+    if pre_process is None:
+        pre_process = parallel_state.is_pipeline_first_stage(ignore_virtual=vp_stage is None,
+                                                             vp_stage=vp_stage)
+    if post_process is None:
+        post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=vp_stage is None,
+                                                             vp_stage=vp_stage)
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=build_layer_spec(model, config, vp_stage=vp_stage),
+        vocab_size=padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by,
+                                     parallel.tp),
+        max_sequence_length=model.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        share_embeddings_and_output_weights=model.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_percent=1.0,
+        rotary_base=int(model.rope_theta),
+        vp_stage=vp_stage,
+    )

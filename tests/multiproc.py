@@ -1,0 +1,73 @@
+"""Run a test function on N gloo processes (the shared fixture for multi-process tests).
+
+``run_on_ranks(fn, world_size=2, **kwargs)`` spawns ``world_size`` fresh interpreters, sets the
+torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) in each, calls
+``fn(rank, **kwargs)`` and returns the per-rank results in rank order. ``fn`` must be a
+module-level function (it is pickled by name). A failure on any rank fails the test with that
+rank's traceback; a hang fails it after ``timeout_s``. Only processes started here are stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import traceback
+from typing import Any, Callable, List
+
+import torch.multiprocessing as mp
+
+from gspo_megatron.distributed.runtime import free_port
+
+
+def _worker(fn, rank: int, world_size: int, port: int, kwargs: dict, results) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        results.put((rank, "ok", fn(rank, **kwargs)))
+    except BaseException:  # report every failure, including SystemExit, to the parent
+        results.put((rank, "error", traceback.format_exc()))
+    finally:
+        try:
+            from gspo_megatron.distributed.runtime import shutdown_distributed
+
+            shutdown_distributed()
+        except Exception:
+            pass
+
+
+def run_on_ranks(fn: Callable[..., Any], world_size: int = 2, timeout_s: float = 300.0,
+                 **kwargs) -> List[Any]:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(fn, r, world_size, port, kwargs, results))
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    out: dict = {}
+    errors: List[str] = []
+    try:
+        for _ in range(world_size):
+            try:
+                rank, status, value = results.get(timeout=timeout_s)
+            except queue.Empty:
+                errors.append(f"timed out after {timeout_s}s waiting for ranks "
+                              f"{sorted(set(range(world_size)) - set(out))}")
+                break
+            if status == "ok":
+                out[rank] = value
+            else:
+                errors.append(f"rank {rank} failed:\n{value}")
+                break
+    finally:
+        for p in procs:
+            p.join(timeout=10 if not errors else 1)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if errors:
+        raise AssertionError("\n".join(errors))
+    return [out[r] for r in range(world_size)]
