@@ -52,8 +52,8 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     qk_layernorm: bool = True
     tie_word_embeddings: bool = False
-    num_experts: int = 0
-    """Routed experts per MoE layer; 0 means a dense model."""
+    num_experts: int = 4
+    """Routed experts per MoE layer; must be 0 for ``arch=qwen3`` (dense)."""
     moe_router_topk: int = 2
     moe_ffn_hidden_size: int = 64
     moe_norm_topk_prob: bool = True

@@ -1,0 +1,1 @@
+"""Command-line entry points (thin: parse, call the library, exit with a meaningful code)."""

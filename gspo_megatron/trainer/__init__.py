@@ -1,0 +1,1 @@
+"""The GSPO loop: rollout -> rewards -> advantages -> update -> weight sync -> log -> checkpoint."""

@@ -1,0 +1,125 @@
+"""Configuration: composition through `defaults`, dot-list overrides, and every validation error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from gspo_megatron.config import ConfigError, load_config, save_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_defaults_compose_in_order_then_file_then_overrides(tmp_path):
+    write(tmp_path, "a.yaml", "algo: {clip_eps_low: 0.1, clip_eps_high: 0.2}\ntrainer: {num_steps: 3}\n")
+    write(tmp_path, "b.yaml", "defaults: [a.yaml]\nalgo: {clip_eps_high: 0.3}\n")
+    top = write(tmp_path, "top.yaml", "defaults: [b.yaml]\ntrainer: {num_steps: 5}\n")
+    cfg = load_config(top, ["algo.clip_eps_high=5e-4", "parallel.tp=1"])
+    assert cfg.algo.clip_eps_low == 0.1          # from a.yaml
+    assert cfg.algo.clip_eps_high == 5e-4        # b.yaml overrode a.yaml, the override won
+    assert cfg.trainer.num_steps == 5            # the file beats its defaults
+    assert cfg.rollout.n_samples_per_prompt == 8  # schema default untouched
+
+
+def test_unknown_key_in_file_names_file_and_key(tmp_path):
+    bad = write(tmp_path, "bad.yaml", "algo:\n  clip_eps_hihg: 0.3\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: unknown key 'algo\.clip_eps_hihg'"):
+        load_config(bad)
+
+
+def test_unknown_key_in_override_names_the_override():
+    with pytest.raises(ConfigError, match=r"override 'parallel\.tpp=2': unknown key 'parallel\.tpp'"):
+        load_config(None, ["parallel.tpp=2"])
+
+
+def test_wrong_type_names_key():
+    with pytest.raises(ConfigError, match=r"bad value for 'parallel\.tp'"):
+        load_config(None, ["parallel.tp=four"])
+
+
+def test_override_without_equals_is_rejected():
+    with pytest.raises(ConfigError, match="expected key=value"):
+        load_config(None, ["parallel.tp"])
+
+
+def test_missing_file_and_cycle_are_reported(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    write(tmp_path, "x.yaml", "defaults: [y.yaml]\n")
+    y = write(tmp_path, "y.yaml", "defaults: [x.yaml]\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_config(y)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["parallel.tp=3"], "world size 8 is not divisible by tp\\*pp\\*cp"),
+    (["parallel.ep=3", "model.num_experts=8"], "ep=3 must divide model.num_experts=8"),
+    (["parallel.tp=2"], "MoE with tp=2 requires sequence parallelism"),
+    (["parallel.sp=true"], "sequence parallelism needs parallel.tp > 1"),
+    (["parallel.pp=4", "model.num_layers=6"], "pp=4 must divide model.num_layers=6"),
+    (["parallel.tp=2", "parallel.sp=true", "model.num_query_groups=1", "model.num_attention_heads=4"],
+     "tp=2 must divide model.num_query_groups=1"),
+    (["batch.max_tokens_per_micro_batch=100", "data.max_prompt_tokens=90"],
+     "cannot hold one sequence of up to"),
+    (["batch.num_mini_batches=3"], "3 must divide the rollout batch"),
+    (["algo.loss=ppo"], "algo.loss: 'ppo' is not one of gspo, gspo_token, grpo"),
+    (["algo.clip_eps_low=1.5"], "algo.clip_eps_low: 1.5 must be in"),
+    (["model.arch=qwen3", "parallel.ep=2"], "needs num_experts = 0"),
+    (["parallel.vpp=2"], "virtual pipeline stages need parallel.pp > 1"),
+    (["model.fp8.enabled=true", "model.transformer_impl=local"], "FP8 needs"),
+    (["rollout.temperature=0"], "rollout.temperature: must be > 0"),
+    (["parallel.world_size=8", "parallel.tp=2", "parallel.sp=true", "batch.num_prompts_per_step=1",
+      "rollout.n_samples_per_prompt=4", "batch.num_mini_batches=4"],
+     "cannot feed 4 data-parallel ranks"),
+])
+def test_inconsistent_layouts_and_settings_are_refused(overrides, message):
+    base = ["model.num_experts=4", "parallel.world_size=8"]
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, base + overrides)
+
+
+def test_all_problems_reported_together():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["algo.kl_coef=-1", "rollout.top_p=2", "model.num_experts=4"])
+    assert "algo.kl_coef" in str(err.value) and "rollout.top_p" in str(err.value)
+
+
+def test_launched_world_size_must_match_config():
+    with pytest.raises(ConfigError, match="config says 8 but 4 processes"):
+        load_config(None, ["model.num_experts=4", "parallel.world_size=8"], world_size=4)
+
+
+def test_every_shipped_config_validates():
+    files = sorted((REPO / "configs").glob("*.yaml"))
+    assert len(files) >= 4
+    for path in files:
+        load_config(path)
+
+
+def test_production_config_matches_the_model_card_and_paper():
+    cfg = load_config(REPO / "configs" / "qwen3_30b_a3b_gspo.yaml")
+    m = cfg.model
+    assert (m.num_layers, m.num_experts, m.moe_router_topk, m.hidden_size, m.moe_ffn_hidden_size,
+            m.num_attention_heads, m.num_query_groups, m.head_dim, m.vocab_size) == \
+        (48, 128, 8, 2048, 768, 32, 4, 128, 151936)
+    assert m.qk_layernorm and m.rope_theta == 1e6 and m.fp8.enabled
+    assert (cfg.algo.loss, cfg.algo.clip_eps_low, cfg.algo.clip_eps_high) == ("gspo", 3e-4, 4e-4)
+    assert cfg.batch.num_mini_batches == 4
+    grpo = load_config(REPO / "configs" / "qwen3_30b_a3b_grpo.yaml")
+    assert (grpo.algo.loss, grpo.algo.clip_eps_low, grpo.algo.clip_eps_high) == ("grpo", 0.2, 0.27)
+    assert grpo.model == cfg.model and grpo.parallel == cfg.parallel  # only the objective differs
+
+
+def test_saved_config_round_trips(tmp_path):
+    cfg = load_config(REPO / "configs" / "tiny_cpu.yaml", ["trainer.num_steps=7"])
+    path = save_config(cfg, tmp_path / "run" / "config.yaml")
+    again = load_config(path)
+    assert OmegaConf.to_container(again) == OmegaConf.to_container(cfg)
