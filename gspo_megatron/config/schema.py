@@ -187,6 +187,10 @@ class SGLangConfig:
     request_timeout_s: float = 600.0
     max_retries: int = 3
     health_timeout_s: float = 900.0
+    max_concurrency_per_server: int = 64
+    """Requests in flight per server."""
+    deterministic_inference: bool = False
+    """Start SGLang with --enable-deterministic-inference so that sampling_seed is honoured."""
 
 
 @dataclass
@@ -199,6 +203,11 @@ class WeightSyncConfig:
     """Upper bound on the bytes of one streamed bucket."""
     disk_dir: Optional[str] = None
     """Shared directory for the ``disk`` transport."""
+    master_address: Optional[str] = None
+    """Rendezvous host of the broadcast group (learner rank 0); None: $GSPO_WEIGHT_SYNC_ADDR or
+    this host's address."""
+    master_port: Optional[int] = None
+    """Rendezvous port of the broadcast group; None picks a free one."""
 
 
 @dataclass

@@ -137,6 +137,14 @@ def validate_config(cfg, world_size: Optional[int] = None) -> None:
     check(r.temperature > 0.0, "rollout.temperature", "must be > 0 (log-probs of greedy decoding are not a policy)")
     check(0.0 < r.top_p <= 1.0, "rollout.top_p", "must be in (0, 1]")
 
+    ws = r.weight_sync
+    check(ws.bucket_bytes > 0, "rollout.weight_sync.bucket_bytes", "must be > 0")
+    check(ws.transport != "disk" or bool(ws.disk_dir), "rollout.weight_sync.disk_dir",
+          "transport=disk needs a shared directory")
+    check(r.engine == "embedded" or ws.transport != "nccl" or r.mode == "disaggregated",
+          "rollout.weight_sync.transport", "nccl broadcast is for disaggregated servers; "
+          "colocated servers use 'tensor'")
+
     # Precision.
     if m.fp8.enabled:
         check(m.transformer_impl in ("auto", "transformer_engine"), "model.fp8.enabled",

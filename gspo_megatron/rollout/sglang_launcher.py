@@ -1,0 +1,108 @@
+"""Start and stop rollout server processes: SGLang servers on GPU nodes, reference servers on CPU.
+
+Builds the command lines (``python -m sglang.launch_server`` with the config's TP/DP/EP and
+memory settings; ``python -m gspo_megatron.rollout.reference_server`` on CPU), starts them with
+their output in log files, and stops exactly the processes it started, by PID (SIGTERM, then
+SIGKILL after a grace period). Waiting for health is the engine's job (bounded by
+``sglang.health_timeout_s``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+log = logging.getLogger(__name__)
+
+
+def sglang_server_command(cfg, model_path: str, index: int, host: str = "127.0.0.1",
+                          enable_memory_saver: bool = False, deterministic: bool = False,
+                          python: str = sys.executable) -> List[str]:
+    """Command line of SGLang server ``index`` of the fleet described by an ``SGLangConfig``.
+
+    Server i listens on ``cfg.port + i`` and uses GPUs ``[i * tp * dp, (i + 1) * tp * dp)`` of
+    its node (``--base-gpu-id``). ``enable_memory_saver`` is needed by colocated mode's
+    ``/release_memory_occupation``; ``deterministic`` makes SGLang honour ``sampling_seed``.
+    """
+    gpus_per_server = cfg.tp * cfg.dp
+    cmd = [python, "-m", "sglang.launch_server", "--model-path", model_path,
+           "--host", host, "--port", str(cfg.port + index),
+           "--tp-size", str(cfg.tp), "--dp-size", str(cfg.dp), "--ep-size", str(cfg.ep),
+           "--mem-fraction-static", str(cfg.mem_fraction_static),
+           "--base-gpu-id", str(index * gpus_per_server)]
+    if enable_memory_saver:
+        cmd.append("--enable-memory-saver")
+    if deterministic:
+        cmd.append("--enable-deterministic-inference")
+    return cmd
+
+
+def reference_server_command(model_path: str, port: int, host: str = "127.0.0.1",
+                             extra: Sequence[str] = (), python: str = sys.executable) -> List[str]:
+    """Command line of a CPU reference server (same HTTP API as SGLang)."""
+    return [python, "-m", "gspo_megatron.rollout.reference_server", "--model-path", model_path,
+            "--host", host, "--port", str(port), *extra]
+
+
+@dataclass
+class ServerProcess:
+    address: str
+    process: subprocess.Popen
+    log_path: Optional[str]
+
+
+class ServerLauncher:
+    """Owns server processes it started; ``stop()`` ends them (and only them) by PID."""
+
+    def __init__(self, log_dir: Optional[str] = None, env: Optional[Dict[str, str]] = None) -> None:
+        self.log_dir = log_dir
+        self.env = env
+        self.servers: List[ServerProcess] = []
+
+    def start(self, command: List[str], address: str) -> ServerProcess:
+        log_path, out = None, subprocess.DEVNULL
+        if self.log_dir:
+            os.makedirs(self.log_dir, exist_ok=True)
+            log_path = os.path.join(self.log_dir, f"server_{address.replace(':', '_')}.log")
+            out = open(log_path, "ab")
+        env = dict(os.environ, **(self.env or {}))
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        if out is not subprocess.DEVNULL:
+            out.close()  # the child holds its own descriptor
+        log.info("started rollout server pid %d at %s: %s", proc.pid, address, " ".join(command))
+        server = ServerProcess(address, proc, log_path)
+        self.servers.append(server)
+        return server
+
+    @property
+    def addresses(self) -> List[str]:
+        return [s.address for s in self.servers]
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        for s in self.servers:
+            if s.process.poll() is None:
+                s.process.send_signal(signal.SIGTERM)
+        for s in self.servers:
+            try:
+                s.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                log.warning("server pid %d ignored SIGTERM; killing it", s.process.pid)
+                s.process.kill()
+                s.process.wait(timeout=grace_s)
+        self.servers = []
+
+
+def launch_sglang_fleet(cfg, model_path: str, host: str = "127.0.0.1",
+                        log_dir: Optional[str] = None, enable_memory_saver: bool = False,
+                        deterministic: bool = False) -> ServerLauncher:
+    """Start ``cfg.num_servers`` SGLang servers on this node."""
+    launcher = ServerLauncher(log_dir)
+    for i in range(cfg.num_servers):
+        cmd = sglang_server_command(cfg, model_path, i, host, enable_memory_saver, deterministic)
+        launcher.start(cmd, f"{host}:{cfg.port + i}")
+    return launcher

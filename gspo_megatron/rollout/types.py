@@ -1,0 +1,251 @@
+"""The contract between the trainer and every rollout engine.
+
+The trainer builds :class:`GenerationRequest` objects (one prompt, ``n`` samples, or one chosen
+sample index), passes them with one :class:`SamplingParams` to :meth:`RolloutEngine.generate`,
+and gets back one :class:`Sample` per (prompt_id, sample_index), sorted by that key, whatever
+order the engine finished them in. Engines: :mod:`rollout.embedded` (transformers, in-process,
+the CPU default) and :mod:`rollout.sglang_engine` (a fleet of SGLang servers, or the CPU
+reference server of :mod:`rollout.reference_server`).
+
+New weights reach an engine through :meth:`RolloutEngine.update_weights`, an iterator of
+``(hf_name, tensor)`` pairs. How they travel is a :class:`WeightTransport` (implemented in
+``gspo_megatron.weight_sync``; this package never imports Megatron nor weight_sync).
+
+Log-prob semantics (all engines): ``response_logprobs[t] = log softmax(logits_t / T)[y_t]``,
+the log-prob of the sampled token under the temperature-scaled distribution *before* top-p
+truncation; this is what SGLang returns and what the learner recomputes. With ``top_p < 1``
+the embedded engine can instead return the log-prob under the truncated, renormalised
+distribution actually sampled from (``logprob_mode="sampled"``); see docs/rollout.md.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+
+NamedTensors = Iterable[Tuple[str, torch.Tensor]]
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling parameters of one rollout batch (SGLang's names where they exist)."""
+
+    temperature: float = 1.0
+    """Softmax temperature; > 0 (greedy log-probs are not a policy)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]."""
+    max_new_tokens: int = 64
+    stop: Tuple[str, ...] = ()
+    """Stop strings; the response ends after the token that completes one (kept, not trimmed)."""
+    stop_token_ids: Tuple[int, ...] = ()
+    """Token ids that end a response (in addition to the model's EOS); the id is kept."""
+    seed: Optional[int] = None
+    """Base seed; sample (prompt_id, sample_index) uses a seed derived from it, so a batch is
+    reproducible whatever the batching, server or retry. None: not reproducible."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"SamplingParams.temperature must be > 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    @classmethod
+    def from_config(cls, cfg, seed: Optional[int] = None) -> "SamplingParams":
+        """Build from a ``RolloutConfig`` (temperature, top_p, max_new_tokens, stop)."""
+        return cls(temperature=cfg.temperature, top_p=cfg.top_p,
+                   max_new_tokens=cfg.max_new_tokens, stop=tuple(cfg.stop), seed=seed)
+
+
+def sample_seed(base_seed: Optional[int], prompt_id: str, sample_index: int) -> Optional[int]:
+    """A per-sample seed that depends only on (base seed, prompt id, sample index).
+
+    Uses a stable hash (not Python's salted ``hash``) so that every process agrees.
+    """
+    if base_seed is None:
+        return None
+    h = 1469598103934665603  # FNV-1a, 64 bit
+    for byte in f"{base_seed}\x00{prompt_id}\x00{sample_index}".encode():
+        h = ((h ^ byte) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h & 0x7FFFFFFF  # SGLang validates sampling_seed as a (32-bit safe) int
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt and how many samples to draw from it.
+
+    ``sample_index`` set: draw exactly that one sample (used for retries and resharding);
+    otherwise draw samples ``0 .. n-1``.
+    """
+
+    prompt_id: str
+    prompt_token_ids: Tuple[int, ...]
+    n: int = 1
+    sample_index: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_token_ids", tuple(int(t) for t in self.prompt_token_ids))
+        if not self.prompt_token_ids:
+            raise ValueError(f"GenerationRequest {self.prompt_id!r}: empty prompt_token_ids")
+        if self.n < 1:
+            raise ValueError(f"GenerationRequest {self.prompt_id!r}: n must be >= 1, got {self.n}")
+
+    def sample_indices(self) -> List[int]:
+        return [self.sample_index] if self.sample_index is not None else list(range(self.n))
+
+
+@dataclass
+class Sample:
+    """One generated response with the engine's log-probs of its tokens."""
+
+    prompt_id: str
+    sample_index: int
+    prompt_token_ids: List[int]
+    response_token_ids: List[int]
+    response_logprobs: List[float]
+    """One per response token; see the module docstring for the semantics."""
+    finish_reason: str
+    """``stop`` (EOS, stop id or stop string), ``length`` (max_new_tokens) or ``abort``."""
+    latency_s: float
+    """Seconds from submission to completion of this sample (as the engine saw it)."""
+    weight_version: Optional[str] = None
+
+    @property
+    def key(self) -> Tuple[str, int]:
+        return (self.prompt_id, self.sample_index)
+
+
+def expand_requests(requests: Sequence[GenerationRequest]) -> List[Tuple[GenerationRequest, int]]:
+    """Every (request, sample_index) to produce, refusing duplicate keys."""
+    seen: Dict[Tuple[str, int], None] = {}
+    out: List[Tuple[GenerationRequest, int]] = []
+    for req in requests:
+        for idx in req.sample_indices():
+            if (req.prompt_id, idx) in seen:
+                raise ValueError(f"duplicate sample key (prompt_id={req.prompt_id!r}, "
+                                 f"sample_index={idx}) in one generate() call")
+            seen[(req.prompt_id, idx)] = None
+            out.append((req, idx))
+    return out
+
+
+def sort_samples(samples: Iterable[Sample]) -> List[Sample]:
+    return sorted(samples, key=lambda s: s.key)
+
+
+@dataclass
+class WeightSyncStats:
+    """What one weight update moved and how long it took."""
+
+    num_tensors: int = 0
+    num_bytes: int = 0
+    num_buckets: int = 0
+    seconds: float = 0.0
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.num_bytes / 1e9 / self.seconds if self.seconds > 0 else 0.0
+
+    def as_metrics(self, prefix: str = "weight_sync/") -> Dict[str, float]:
+        return {f"{prefix}seconds": self.seconds, f"{prefix}gb_per_s": self.gb_per_s,
+                f"{prefix}gb": self.num_bytes / 1e9, f"{prefix}num_buckets": float(self.num_buckets)}
+
+
+@dataclass
+class RolloutMetrics:
+    """Throughput of the last generate() call and of the last weight update."""
+
+    batch_seconds: float = 0.0
+    num_samples: int = 0
+    num_generated_tokens: int = 0
+    num_retries: int = 0
+    last_weight_sync: WeightSyncStats = field(default_factory=WeightSyncStats)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_generated_tokens / self.batch_seconds if self.batch_seconds > 0 else 0.0
+
+    def as_dict(self) -> Dict[str, float]:
+        out = {"rollout/batch_seconds": self.batch_seconds, "rollout/tokens_per_s": self.tokens_per_s,
+               "rollout/num_samples": float(self.num_samples),
+               "rollout/num_generated_tokens": float(self.num_generated_tokens),
+               "rollout/num_retries": float(self.num_retries)}
+        out.update(self.last_weight_sync.as_metrics())
+        return out
+
+
+class WeightTransport(abc.ABC):
+    """Moves ``(hf_name, tensor)`` pairs from the learner into one engine (see weight_sync)."""
+
+    @abc.abstractmethod
+    def send(self, named_tensors: NamedTensors, weight_version: Optional[str] = None) -> WeightSyncStats:
+        """Stream every pair to the engine; returns once the engine serves the new weights."""
+
+    def close(self) -> None:
+        """Release groups, files or handles held by the transport."""
+
+
+class RolloutEngine(abc.ABC):
+    """What the trainer may ask of a rollout engine."""
+
+    def __init__(self) -> None:
+        self.metrics = RolloutMetrics()
+        self._transport: Optional[WeightTransport] = None
+
+    @abc.abstractmethod
+    def _generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> List[Sample]:
+        """Produce every requested sample, in any order."""
+
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> List[Sample]:
+        """Every requested sample exactly once, sorted by (prompt_id, sample_index)."""
+        wanted = {(r.prompt_id, i) for r, i in expand_requests(requests)}
+        start = time.perf_counter()
+        samples = sort_samples(self._generate(requests, params))
+        got = [s.key for s in samples]
+        if len(got) != len(set(got)) or set(got) != wanted:
+            raise RuntimeError(f"{type(self).__name__} returned samples {sorted(set(got) ^ wanted)[:8]} "
+                               f"that differ from the requested set (or duplicates)")
+        self.metrics.batch_seconds = time.perf_counter() - start
+        self.metrics.num_samples = len(samples)
+        self.metrics.num_generated_tokens = sum(len(s.response_token_ids) for s in samples)
+        return samples
+
+    def attach_weight_transport(self, transport: WeightTransport) -> None:
+        """Route :meth:`update_weights` through ``transport`` (built by weight_sync)."""
+        self._transport = transport
+
+    def update_weights(self, named_tensors: NamedTensors,
+                       weight_version: Optional[str] = None) -> WeightSyncStats:
+        """Load new weights given by HF name; returns once generation uses them."""
+        if self._transport is None:
+            raise RuntimeError(f"{type(self).__name__}: no weight transport attached; build one "
+                               "with gspo_megatron.weight_sync.build_transport(cfg, engine)")
+        stats = self._transport.send(named_tensors, weight_version=weight_version)
+        self.metrics.last_weight_sync = stats
+        return stats
+
+    def release_memory(self) -> None:
+        """Colocated mode: free the engine's accelerator memory (weights and KV cache)."""
+
+    def resume_memory(self) -> None:
+        """Colocated mode: take the memory back before the next generate()."""
+
+    @abc.abstractmethod
+    def health(self) -> bool:
+        """True when the engine can serve generate() now."""
+
+    def shutdown(self) -> None:
+        """Stop what the engine started; idempotent."""
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None

@@ -1,0 +1,48 @@
+"""A standalone torch.distributed group for broadcasting weights from a learner to servers.
+
+SGLang's ``/init_weights_update_group`` builds, inside each server, a process group that does
+not belong to the server's default world: a TCP rendezvous at ``master_address:master_port``
+(the learner's rank 0 hosts it as rank 0), a store prefixed with the group name, and a
+backend (NCCL on GPU, gloo on CPU). The learner must build its side the same way, and the
+reference server does too. Built on ``torch.distributed``'s group helper, which is the only
+way to create such a group without an initialised default world.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+
+def create_update_group(master_address: str, master_port: int, rank: int, world_size: int,
+                        group_name: str, backend: str = "gloo", timeout_s: float = 120.0):
+    """Join (rank 0 hosts) the group; returns the ProcessGroup. Blocks until all ranks join."""
+    from torch.distributed.distributed_c10d import (Backend, PrefixStore, _new_process_group_helper,
+                                                    _world, rendezvous)
+
+    if not 0 <= rank < world_size:
+        raise ValueError(f"update group {group_name!r}: rank {rank} outside world of {world_size}")
+    timeout = timedelta(seconds=timeout_s)
+    url = f"tcp://{master_address}:{int(master_port)}"
+    store, _, _ = next(rendezvous(url, rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    store = PrefixStore(group_name, store)
+    group, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), store,
+                                         group_name=group_name, timeout=timeout)
+    _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
+    log.info("joined update group %s as rank %d/%d (%s)", group_name, rank, world_size, backend)
+    return group
+
+
+def broadcast_from_learner(tensor: torch.Tensor, group) -> None:
+    """Broadcast ``tensor`` in place from group rank 0 (the learner) to every member."""
+    dist.broadcast(tensor, group_src=0, group=group)
+
+
+def destroy_update_group(group) -> None:
+    dist.destroy_process_group(group)

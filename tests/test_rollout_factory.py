@@ -1,0 +1,49 @@
+"""Tests of engine construction from RolloutConfig (rollout/factory.py)."""
+
+import pytest
+
+from gspo_megatron.config.schema import RolloutConfig, SGLangConfig
+from gspo_megatron.rollout.embedded import EmbeddedEngine
+from gspo_megatron.rollout.factory import build_engine
+from gspo_megatron.rollout.tiny_model import build_tiny_policy, save_tiny_policy
+
+
+def test_embedded_from_model_and_from_directory(tmp_path):
+    model, tok = build_tiny_policy()
+    eng = build_engine(RolloutConfig(), model=model, tokenizer=tok)
+    assert isinstance(eng, EmbeddedEngine) and eng.model is model
+    save_tiny_policy(str(tmp_path), seed=1)
+    assert isinstance(build_engine(RolloutConfig(), model_path=str(tmp_path)), EmbeddedEngine)
+
+
+def test_clear_errors():
+    with pytest.raises(ValueError, match="hf_path"):
+        build_engine(RolloutConfig(engine="embedded"))
+    with pytest.raises(ValueError, match="server_addresses"):
+        build_engine(RolloutConfig(engine="reference"))
+    with pytest.raises(ValueError, match="no model path"):
+        build_engine(RolloutConfig(engine="sglang"))
+    with pytest.raises(ValueError, match="not one of"):
+        build_engine(RolloutConfig(engine="vllm"))
+
+
+def test_reference_engine_attach_times_out_on_a_dead_address():
+    cfg = RolloutConfig(engine="reference", sglang=SGLangConfig(
+        server_addresses=["127.0.0.1:9"], health_timeout_s=0.5))
+    with pytest.raises(TimeoutError, match="127.0.0.1:9"):
+        build_engine(cfg)
+
+
+def test_rollout_package_never_imports_megatron():
+    import subprocess
+    import sys
+
+    code = ("import sys, pkgutil, importlib, gspo_megatron.rollout as r\n"
+            "for m in pkgutil.iter_modules(r.__path__): importlib.import_module('gspo_megatron.rollout.' + m.name)\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('megatron', 'sglang', 'gspo_megatron') "
+            "and not m.startswith(('gspo_megatron.rollout', 'gspo_megatron.config')) and m != 'gspo_megatron')\n"
+            "print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
+                               "PYTHONPATH": __file__.rsplit("/tests/", 1)[0]})
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,0 +1,50 @@
+"""Tests of rollout server command lines and process ownership (rollout/sglang_launcher.py)."""
+
+import sys
+import time
+
+from gspo_megatron.config.schema import SGLangConfig
+from gspo_megatron.rollout.sglang_launcher import (ServerLauncher, reference_server_command,
+                                                   sglang_server_command)
+
+
+def _flag(cmd, name):
+    return cmd[cmd.index(name) + 1]
+
+
+def test_sglang_command_maps_the_config():
+    cfg = SGLangConfig(num_servers=4, port=31000, tp=4, dp=2, ep=8, mem_fraction_static=0.6)
+    cmd = sglang_server_command(cfg, "/ckpt", index=1, host="0.0.0.0", enable_memory_saver=True,
+                                deterministic=True, python="py")
+    assert cmd[:3] == ["py", "-m", "sglang.launch_server"]
+    assert _flag(cmd, "--model-path") == "/ckpt" and _flag(cmd, "--host") == "0.0.0.0"
+    assert _flag(cmd, "--port") == "31001"
+    assert (_flag(cmd, "--tp-size"), _flag(cmd, "--dp-size"), _flag(cmd, "--ep-size")) == ("4", "2", "8")
+    assert _flag(cmd, "--mem-fraction-static") == "0.6"
+    assert _flag(cmd, "--base-gpu-id") == "8"  # server 1 of tp4 x dp2 starts on GPU 8
+    assert "--enable-memory-saver" in cmd and "--enable-deterministic-inference" in cmd
+    plain = sglang_server_command(SGLangConfig(), "/ckpt", 0)
+    assert "--enable-memory-saver" not in plain and _flag(plain, "--port") == "30000"
+
+
+def test_reference_command():
+    cmd = reference_server_command("/m", 123, extra=["--delay-s", "1"], python="py")
+    assert cmd == ["py", "-m", "gspo_megatron.rollout.reference_server", "--model-path", "/m",
+                   "--host", "127.0.0.1", "--port", "123", "--delay-s", "1"]
+
+
+def test_launcher_stops_only_its_own_processes(tmp_path):
+    launcher = ServerLauncher(str(tmp_path))
+    a = launcher.start([sys.executable, "-c", "import time; time.sleep(60)"], "127.0.0.1:1")
+    b = launcher.start([sys.executable, "-c", "import signal, time; "
+                        "signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+                        "time.sleep(60)"], "127.0.0.1:2")
+    for _ in range(300):  # bounded wait until the SIGTERM handler is installed
+        if "ready" in (tmp_path / "server_127.0.0.1_2.log").read_text():
+            break
+        time.sleep(0.1)
+    assert launcher.addresses == ["127.0.0.1:1", "127.0.0.1:2"]
+    launcher.stop(grace_s=2.0)
+    assert a.process.returncode is not None and b.process.returncode is not None
+    assert b.process.returncode == -9  # ignored SIGTERM, was killed
+    assert (tmp_path / "server_127.0.0.1_1.log").exists() and launcher.servers == []
