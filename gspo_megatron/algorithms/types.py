@@ -10,7 +10,11 @@ global sequence count (GSPO, GSPO-token, GRPO ``seq_mean_token_mean``) or token 
 
 Under context parallelism a rank sees only part of each sequence; ``seq_token_counts`` then
 holds the *full* response length of each sequence, and ``cp_group`` is the group over which
-per-sequence sums are completed, so sequence ratios are exact.
+per-sequence sums are completed, so sequence ratios are exact. Every CP rank passes the same
+``num_seqs`` (a sequence may have no tokens on a rank). The loss value on each CP rank is that
+rank's share of the objective and its gradient is exact for the rank's own tokens, so parameter
+gradients are *summed* over the CP ranks too (as over micro-batches and DP ranks), and
+``global_num_seqs`` / ``global_num_tokens`` count each sequence / token once, not once per CP rank.
 """
 
 from __future__ import annotations

@@ -1,0 +1,165 @@
+"""Pieces shared by the policy losses: input checks, per-sequence means, TIS weights, penalties,
+and the metrics every loss reports.
+
+Kept apart from ``losses.py`` so that each registered loss reads as its paper equation.
+All per-token tensors are ``[num_tokens]`` in the flat layout of :class:`PolicyLossInputs`.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from gspo_megatron.algorithms.logprobs import sequence_sums
+from gspo_megatron.algorithms.metrics import metric_max, metric_mean, metric_min
+from gspo_megatron.algorithms.types import PolicyLossInputs
+
+Metrics = Dict[str, torch.Tensor]
+
+
+def cp_size(inputs: PolicyLossInputs) -> int:
+    group = inputs.cp_group
+    if group is None or not dist.is_available() or not dist.is_initialized():
+        return 1
+    return dist.get_world_size(group)
+
+
+def validate_inputs(inputs: PolicyLossInputs, cfg) -> None:
+    """Shapes, normalisers, finiteness of the given (non-learner) inputs, and config needs."""
+    n = inputs.logprobs.shape
+    named = {"old_logprobs": inputs.old_logprobs, "advantages": inputs.advantages,
+             "seq_index": inputs.seq_index, "entropy": inputs.entropy,
+             "ref_logprobs": inputs.ref_logprobs, "rollout_logprobs": inputs.rollout_logprobs}
+    if inputs.logprobs.dim() != 1:
+        raise ValueError(f"PolicyLossInputs.logprobs must be 1-D [num_tokens], got {tuple(n)}")
+    for name, t in named.items():
+        if t is not None and t.shape != n:
+            raise ValueError(f"PolicyLossInputs.{name} has shape {tuple(t.shape)}, expected {tuple(n)}")
+    if inputs.seq_token_counts.shape != (inputs.num_seqs,):
+        raise ValueError(f"PolicyLossInputs.seq_token_counts has shape "
+                         f"{tuple(inputs.seq_token_counts.shape)}, expected ({inputs.num_seqs},)")
+    if inputs.global_num_seqs < 1 or inputs.global_num_tokens < 1:
+        raise ValueError(f"global_num_seqs={inputs.global_num_seqs} and global_num_tokens="
+                         f"{inputs.global_num_tokens} must be >= 1")
+    _check_counts(inputs)
+    for name in ("old_logprobs", "advantages", "ref_logprobs", "rollout_logprobs"):
+        t = named[name]
+        if t is not None and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).nonzero()[0])
+            raise ValueError(f"PolicyLossInputs.{name} is not finite at token {bad} "
+                             f"(value {t[bad].item()}, sequence {int(inputs.seq_index[bad])})")
+    if cfg.kl_coef > 0 and inputs.ref_logprobs is None:
+        raise ValueError("algo.kl_coef > 0 needs PolicyLossInputs.ref_logprobs")
+    if cfg.entropy_coef > 0 and inputs.entropy is None:
+        raise ValueError("algo.entropy_coef > 0 needs PolicyLossInputs.entropy")
+    if cfg.tis.enabled and inputs.rollout_logprobs is None:
+        raise ValueError("algo.tis.enabled needs PolicyLossInputs.rollout_logprobs")
+    if cfg.tis.enabled and cfg.tis.level not in ("token", "sequence"):
+        raise ValueError(f"algo.tis.level={cfg.tis.level!r}; expected 'token' or 'sequence'")
+
+
+def _check_counts(inputs: PolicyLossInputs) -> None:
+    counts = inputs.seq_token_counts
+    idx = inputs.seq_index
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= inputs.num_seqs):
+        raise ValueError(f"seq_index must lie in [0, {inputs.num_seqs}); got "
+                         f"[{int(idx.min())}, {int(idx.max())}]")
+    if counts.numel() and int(counts.min()) < 1:
+        raise ValueError(f"sequence {int(counts.argmin())} has seq_token_counts "
+                         f"{int(counts.min())}; every sequence needs >= 1 response token")
+    local = torch.bincount(idx, minlength=inputs.num_seqs)
+    bad = (local != counts) if cp_size(inputs) == 1 else (local > counts)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise ValueError(f"sequence {i} has {int(local[i])} tokens here but seq_token_counts "
+                         f"says {int(counts[i])}")
+
+
+def seq_mean(values: torch.Tensor, inputs: PolicyLossInputs, over_cp: bool = True) -> torch.Tensor:
+    """``[num_seqs]`` per-sequence ``sum / full length`` (the full length counts all CP ranks)."""
+    group = inputs.cp_group if over_cp else None
+    sums = sequence_sums(values, inputs.seq_index, inputs.num_seqs, group)
+    return sums / inputs.seq_token_counts.to(sums.dtype)
+
+
+def sequence_advantages(inputs: PolicyLossInputs) -> torch.Tensor:
+    """``[num_seqs]`` advantage of each sequence; refuses per-token advantages (use gspo_token)."""
+    adv = seq_mean(inputs.advantages.detach(), inputs)
+    spread = (inputs.advantages - adv[inputs.seq_index]).abs()
+    if spread.numel() and float(spread.max()) > 1e-5 * (1.0 + float(adv.abs().max())):
+        i = int(inputs.seq_index[spread.argmax()])
+        raise ValueError(f"advantages vary within sequence {i}; the sequence-level 'gspo' loss "
+                         "needs one advantage per sequence (use 'gspo_token' for per-token ones)")
+    return adv
+
+
+def tis_weights(inputs: PolicyLossInputs, cfg) -> Tuple[Optional[torch.Tensor], Metrics]:
+    """Truncated IS weights ``min(pi_old / pi_rollout, C)`` per token (detached), or None.
+
+    Sequence level uses the length-normalised ratio ``exp(mean_t(old - rollout))`` (as GSPO's
+    Eq. 7 does): ``exp(sum)`` would collapse toward 0 or explode on long responses.
+    """
+    if not cfg.tis.enabled:
+        return None, {}
+    delta = (inputs.old_logprobs - inputs.rollout_logprobs).detach().float()
+    if cfg.tis.level == "sequence":
+        raw = torch.exp(seq_mean(delta, inputs))[inputs.seq_index]
+    else:
+        raw = torch.exp(delta)
+    weights = torch.clamp(raw, max=cfg.tis.cap)
+    return weights, {"tis_weight_mean": metric_mean(weights),
+                     "tis_truncated_frac": metric_mean((raw > cfg.tis.cap).double())}
+
+
+def k3(log_ratio: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL from ``log_ratio = log(q / p)`` with samples from p."""
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def penalty_per_token(inputs: PolicyLossInputs, cfg) -> Optional[torch.Tensor]:
+    """``kl_coef * k3(ref || policy) - entropy_coef * H`` per token (differentiable), or None."""
+    terms = []
+    if cfg.kl_coef > 0:
+        terms.append(cfg.kl_coef * k3(inputs.ref_logprobs - inputs.logprobs))
+    if cfg.entropy_coef > 0:
+        terms.append(-cfg.entropy_coef * inputs.entropy)
+    return sum(terms) if terms else None
+
+
+def common_metrics(inputs: PolicyLossInputs) -> Metrics:
+    """Approx KL(old || new), entropy, reference KL and the engine-vs-learner mismatch.
+
+    The mismatch compares the learner's ``old_logprobs`` with the engine's ``rollout_logprobs``
+    (same weights, different engines) per token and per sequence (mean log-ratio).
+    """
+    log_ratio = (inputs.logprobs - inputs.old_logprobs).detach()
+    out: Metrics = {"approx_kl": metric_mean(k3(-log_ratio))}
+    if inputs.entropy is not None:
+        out["entropy"] = metric_mean(inputs.entropy)
+    if inputs.ref_logprobs is not None:
+        out["kl_ref"] = metric_mean(k3(inputs.ref_logprobs - inputs.logprobs.detach()))
+    if inputs.rollout_logprobs is not None:
+        delta = (inputs.old_logprobs - inputs.rollout_logprobs).detach().float()
+        per_seq = seq_mean(delta, inputs).abs()
+        out.update(mismatch_token_abs_mean=metric_mean(delta.abs()),
+                   mismatch_token_abs_max=metric_max(delta.abs()),
+                   mismatch_seq_abs_mean=metric_mean(per_seq),
+                   mismatch_seq_abs_max=metric_max(per_seq))
+    return out
+
+
+def clip_metrics(low_tok: torch.Tensor, high_tok: torch.Tensor, inputs: PolicyLossInputs,
+                 ratio: torch.Tensor) -> Metrics:
+    """Clipped fractions (tokens whose gradient clipping removed, low / high side separately;
+    sequences with any such token) and the min / mean / max of the clipped ratio."""
+    clipped = (low_tok | high_tok).double()
+    per_seq = sequence_sums(clipped, inputs.seq_index, inputs.num_seqs, inputs.cp_group) > 0
+    ratio = ratio.detach()
+    return {"clip_frac_token_low": metric_mean(low_tok.double()),
+            "clip_frac_token_high": metric_mean(high_tok.double()),
+            "clip_frac_token": metric_mean(clipped),
+            "clip_frac_seq": metric_mean(per_seq.double()),
+            "ratio_mean": metric_mean(ratio), "ratio_min": metric_min(ratio),
+            "ratio_max": metric_max(ratio)}
