@@ -1,1 +1,4 @@
-"""checkpoint package."""
+"""Hugging Face <-> Megatron checkpoints: the weight mapping (``mapping``), safetensors streaming
+(``hf_io``), conversion (``convert``), gathering full tensors from a distributed model
+(``gather``, also used by weight sync), export (``export``) and resharding (``reshard``).
+See docs/checkpoints.md."""

@@ -1,0 +1,115 @@
+"""Export a gspo-megatron checkpoint as a Hugging Face model directory.
+
+Loads the checkpoint into the model built for the current layout (any layout: dist_checkpointing
+reshards), streams full tensors to rank 0 with :func:`gather.iter_hf_tensors`, and writes sharded
+safetensors (``max_shard_bytes`` each) with ``model.safetensors.index.json``, ``config.json``,
+``generation_config.json`` and the tokenizer files (from ``tokenizer_dir``, else the HF directory
+the checkpoint was converted from). Vocabulary padding is removed. Rank 0 writes into
+``<out>.partial`` and renames it into place at the end.
+
+    torchrun --nproc_per_node=8 tools/export_megatron_to_hf.py --ckpt ckpt/step_100 \
+        --out hf_out --ep 8 --max-shard-size 5GB
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import torch
+
+from gspo_megatron.checkpoint.convert import build_model_chunks
+from gspo_megatron.checkpoint.gather import iter_hf_tensors
+from gspo_megatron.checkpoint.hf_io import (GENERATION_CONFIG, SafetensorsShardWriter,
+                                            copy_hf_assets)
+from gspo_megatron.checkpoint.meta import (check_target, model_config_from_meta, partial_dir,
+                                           publish)
+from gspo_megatron.config.schema import ModelConfig, ParallelConfig
+from gspo_megatron.model.hf_config import hf_config_from_model_config
+
+log = logging.getLogger(__name__)
+
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+_HF_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16"}
+
+
+def parse_size(text: str) -> int:
+    """``"5GB"``, ``"500MB"``, ``"2GiB"`` or a plain byte count -> bytes."""
+    units = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9,
+             "B": 1}
+    s = str(text).strip().upper()
+    for suffix, factor in units.items():
+        if s.endswith(suffix):
+            return int(float(s[: -len(suffix)]) * factor)
+    return int(s)
+
+
+def _rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def _hf_config(cfg: ModelConfig, source_dir: Optional[Path], dtype: torch.dtype) -> Dict[str, Any]:
+    """The source's config.json (keeps token ids etc.) updated with the exported architecture."""
+    base: Dict[str, Any] = {}
+    if source_dir is not None and (source_dir / "config.json").is_file():
+        base = json.loads((source_dir / "config.json").read_text())
+    base.update(hf_config_from_model_config(cfg))
+    base["torch_dtype"] = _HF_DTYPE_NAMES[dtype]
+    return base
+
+
+def _generation_config(hf_config: Dict[str, Any]) -> Dict[str, Any]:
+    gen = {"_from_model_config": True}
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if hf_config.get(key) is not None:
+            gen[key] = hf_config[key]
+    return gen
+
+
+def write_hf_metadata(out: Path, cfg: ModelConfig, source_dir: Optional[Path],
+                      dtype: torch.dtype) -> None:
+    """config.json, generation_config.json and tokenizer files next to the weights."""
+    hf_config = _hf_config(cfg, source_dir, dtype)
+    (out / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True))
+    copied = copy_hf_assets(source_dir, out)
+    if GENERATION_CONFIG not in copied:
+        (out / GENERATION_CONFIG).write_text(json.dumps(_generation_config(hf_config), indent=2))
+    if source_dir is None or not any(n.startswith("tokenizer") for n in copied):
+        log.warning("no tokenizer files copied into %s (source: %s); pass --tokenizer-dir",
+                    out, source_dir)
+
+
+def export_megatron_to_hf(ckpt_dir: str | Path, out_dir: str | Path, parallel: ParallelConfig,
+                          max_shard_bytes: int = 5 * 10**9, tokenizer_dir: Optional[str] = None,
+                          dtype: Optional[str] = None, overwrite: bool = False,
+                          log_every: int = 100) -> Path:
+    """Collective: run on every rank of a runtime initialised with ``parallel``."""
+    from gspo_megatron.learner.checkpointing import load_model_weights, read_meta
+
+    out = check_target(out_dir, overwrite)
+    meta = read_meta(ckpt_dir)
+    cfg = model_config_from_meta(meta)
+    chunks = build_model_chunks(cfg, parallel)
+    load_model_weights(chunks, ckpt_dir)
+    out_dtype = _TORCH_DTYPES[dtype] if dtype else next(chunks[0].parameters()).dtype
+    source = tokenizer_dir or meta.get("hf_source") or cfg.hf_path
+    writer = SafetensorsShardWriter(partial_dir(out), max_shard_bytes) if _rank() == 0 else None
+    start, count = time.monotonic(), 0
+    for name, tensor in iter_hf_tensors(chunks, cfg, dst="rank0"):
+        writer.add(name, tensor.to(out_dtype))
+        count += 1
+        if log_every and count % log_every == 0:
+            log.info("exported %d tensors, %.2f GB, %.1f s", count, writer.total_bytes / 1e9,
+                     time.monotonic() - start)
+    if writer is not None:
+        files = writer.finish()
+        write_hf_metadata(writer.dir, cfg, Path(source) if source else None, out_dtype)
+        publish(writer.dir, out)
+        log.info("exported %s -> %s: %d tensors in %d shards, %.2f GB, %.1f s", ckpt_dir, out,
+                 count, len(files), writer.total_bytes / 1e9, time.monotonic() - start)
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+    return out

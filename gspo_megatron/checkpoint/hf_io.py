@@ -1,0 +1,199 @@
+"""Stream Hugging Face safetensors checkpoints in and out, one tensor at a time.
+
+:class:`HFCheckpointReader` opens the shards listed in ``model.safetensors.index.json`` (or a
+single ``model.safetensors``) lazily with ``safe_open`` and reads one tensor per call, so host
+memory never holds more than the tensor being converted. It checks, before any weight is read,
+that every shard exists and parses and that every tensor the config implies is present with the
+right shape; each failure names the file and key.
+
+:class:`SafetensorsShardWriter` fills shards up to a byte budget and writes the index at the end,
+so export holds at most one shard in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import torch
+
+log = logging.getLogger(__name__)
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+# Files copied next to the weights so that the exported directory is a complete HF model.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "added_tokens.json", "tokenizer.model",
+                   "chat_template.jinja", "chat_template.json")
+GENERATION_CONFIG = "generation_config.json"
+
+
+class HFCheckpointError(ValueError):
+    """A Hugging Face checkpoint that is missing, damaged, or does not match its config."""
+
+
+class HFCheckpointReader:
+    """Lazy, per-tensor access to a (sharded) safetensors checkpoint directory."""
+
+    def __init__(self, hf_dir: str | Path) -> None:
+        self.dir = Path(hf_dir)
+        self._handles: Dict[str, object] = {}
+        self.weight_map = self._read_weight_map()
+        missing = sorted({f for f in self.weight_map.values() if not (self.dir / f).is_file()})
+        if missing:
+            example = next(k for k, f in self.weight_map.items() if f == missing[0])
+            raise HFCheckpointError(f"{self.dir / missing[0]}: shard listed in {INDEX_FILE} is "
+                                    f"missing (it holds '{example}' and others)")
+
+    def _read_weight_map(self) -> Dict[str, str]:
+        index = self.dir / INDEX_FILE
+        if index.is_file():
+            try:
+                return dict(json.loads(index.read_text())["weight_map"])
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise HFCheckpointError(f"{index}: not a safetensors index ({exc})") from None
+        single = self.dir / SINGLE_FILE
+        if single.is_file():
+            return {k: SINGLE_FILE for k in self._open(SINGLE_FILE).keys()}
+        raise HFCheckpointError(f"{self.dir}: neither {INDEX_FILE} nor {SINGLE_FILE} found")
+
+    def _open(self, filename: str):
+        if filename not in self._handles:
+            from safetensors import safe_open
+
+            path = self.dir / filename
+            try:
+                self._handles[filename] = safe_open(str(path), framework="pt", device="cpu")
+            except Exception as exc:  # safetensors raises its own error types for bad headers
+                raise HFCheckpointError(f"{path}: cannot read safetensors file ({exc})") from None
+        return self._handles[filename]
+
+    def file_of(self, name: str) -> str:
+        try:
+            return self.weight_map[name]
+        except KeyError:
+            raise HFCheckpointError(f"{self.dir}: tensor '{name}' is not in the checkpoint") from None
+
+    def shape(self, name: str) -> Tuple[int, ...]:
+        filename = self.file_of(name)
+        try:
+            return tuple(self._open(filename).get_slice(name).get_shape())
+        except HFCheckpointError:
+            raise
+        except Exception as exc:
+            raise HFCheckpointError(f"{self.dir / filename}: tensor '{name}': {exc}") from None
+
+    def get(self, name: str) -> torch.Tensor:
+        filename = self.file_of(name)
+        try:
+            return self._open(filename).get_tensor(name)
+        except HFCheckpointError:
+            raise
+        except Exception as exc:
+            raise HFCheckpointError(f"{self.dir / filename}: cannot read tensor '{name}' "
+                                    f"({exc})") from None
+
+    def validate(self, expected: Dict[str, Tuple[int, ...]], config_file: str) -> List[str]:
+        """Check names and shapes against the config; return the checkpoint's unused keys."""
+        for filename in sorted(set(self.weight_map.values())):
+            self._check_file_size(filename)
+        for name, shape in expected.items():
+            if name not in self.weight_map:
+                raise HFCheckpointError(f"{self.dir}: tensor '{name}' required by {config_file} "
+                                        "is not in the checkpoint")
+            got = self.shape(name)
+            if got != tuple(shape):
+                raise HFCheckpointError(
+                    f"{self.dir / self.weight_map[name]}: tensor '{name}' has shape {list(got)} "
+                    f"but {config_file} implies {list(shape)}")
+        return sorted(set(self.weight_map) - set(expected))
+
+    def _check_file_size(self, filename: str) -> None:
+        """A truncated file can still have a readable header; compare data end and file size."""
+        path = self.dir / filename
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise HFCheckpointError(f"{path}: truncated safetensors file (no header)")
+            header_len = int.from_bytes(head, "little")
+            try:
+                header = json.loads(f.read(header_len))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise HFCheckpointError(f"{path}: truncated or corrupt safetensors header") from None
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+        need = 8 + header_len + max(ends, default=0)
+        have = path.stat().st_size
+        if have < need:
+            raise HFCheckpointError(f"{path}: truncated safetensors file ({have} bytes, "
+                                    f"header needs {need})")
+        self._open(filename)
+
+
+class SafetensorsShardWriter:
+    """Append tensors; a shard is written whenever the next tensor would exceed the budget."""
+
+    def __init__(self, out_dir: str | Path, max_shard_bytes: int) -> None:
+        if max_shard_bytes <= 0:
+            raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
+        self.dir = Path(out_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.max_shard_bytes = max_shard_bytes
+        self._buffer: Dict[str, torch.Tensor] = {}
+        self._buffer_bytes = 0
+        self._shards: List[List[str]] = []
+        self.total_bytes = 0
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        if name in self._buffer or any(name in s for s in self._shards):
+            raise ValueError(f"tensor '{name}' written twice")
+        t = tensor.detach().cpu().contiguous()
+        if t.untyped_storage().nbytes() != t.nbytes:  # a view: safetensors refuses shared storage
+            t = t.clone()
+        nbytes = t.numel() * t.element_size()
+        if self._buffer and self._buffer_bytes + nbytes > self.max_shard_bytes:
+            self._flush()
+        self._buffer[name] = t
+        self._buffer_bytes += nbytes
+        self.total_bytes += nbytes
+
+    def _flush(self) -> None:
+        from safetensors.torch import save_file
+
+        save_file(self._buffer, str(self.dir / f"shard-{len(self._shards)}.tmp"),
+                  metadata={"format": "pt"})
+        self._shards.append(list(self._buffer))
+        self._buffer, self._buffer_bytes = {}, 0
+
+    def finish(self) -> List[str]:
+        """Write the last shard, give shards their final names and write the index."""
+        if self._buffer:
+            self._flush()
+        n = len(self._shards)
+        weight_map: Dict[str, str] = {}
+        files = []
+        for i, names in enumerate(self._shards):
+            final = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+            os.replace(self.dir / f"shard-{i}.tmp", self.dir / final)
+            weight_map.update({k: final for k in names})
+            files.append(final)
+        index = {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
+        (self.dir / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True))
+        return files
+
+
+def copy_hf_assets(src_dir: Optional[str | Path], dst_dir: str | Path,
+                   names: Iterable[str] = TOKENIZER_FILES + (GENERATION_CONFIG,)) -> List[str]:
+    """Copy tokenizer files and generation_config.json that exist in ``src_dir``."""
+    if src_dir is None:
+        return []
+    src = Path(src_dir)
+    copied = []
+    for name in names:
+        if (src / name).is_file():
+            shutil.copy2(src / name, Path(dst_dir) / name)
+            copied.append(name)
+    return copied
