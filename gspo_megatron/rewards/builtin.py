@@ -1,0 +1,58 @@
+"""Built-in reward functions: ``math_verify``, ``exact_match`` and ``format``.
+
+All return 1.0 or 0.0. ``math_verify`` checks mathematical equivalence with the math-verify
+package (``1/2`` equals ``\\frac{1}{2}`` equals ``0.5``). math-verify bounds its own run time with
+``signal.alarm``, which only works in a process's main thread; the :class:`RewardRunner` calls
+rewards from worker threads, so the package's timeouts are switched off here
+(``parsing_timeout=None``, ``timeout_seconds=None``) and the runner enforces
+``RewardConfig.timeout_s`` itself.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+from gspo_megatron.rewards.answers import (
+    extract_final_answer,
+    extract_last_boxed,
+    normalize_answer,
+)
+from gspo_megatron.rewards.registry import register_reward
+
+
+def _gold_for_math_verify(answer: str) -> str:
+    """Reference answers are often bare (``3/4``); wrap them so the LaTeX parser sees math."""
+    if "\\boxed" in answer or "$" in answer:
+        return answer
+    return f"${answer}$"
+
+
+@register_reward("math_verify")
+def math_verify_reward(response: str, answer: str, metadata: Optional[Mapping] = None) -> float:
+    """1.0 when the response's final answer is mathematically equal to ``answer``."""
+    from math_verify import parse, verify
+
+    gold = parse(_gold_for_math_verify(answer), parsing_timeout=None)
+    if not gold:
+        raise ValueError(f"math-verify cannot parse the reference answer {answer!r}")
+    predicted = parse(response, parsing_timeout=None)
+    if not predicted:
+        return 0.0
+    return 1.0 if verify(gold, predicted, timeout_seconds=None) else 0.0
+
+
+@register_reward("exact_match")
+def exact_match_reward(response: str, answer: str, metadata: Optional[Mapping] = None) -> float:
+    """1.0 when the normalised final answers of response and reference are equal."""
+    predicted = normalize_answer(extract_final_answer(response))
+    expected = normalize_answer(extract_final_answer(answer))
+    return 1.0 if predicted and predicted == expected else 0.0
+
+
+@register_reward("format")
+def format_reward(response: str, answer: str = "", metadata: Optional[Mapping] = None) -> float:
+    """1.0 when the response ends its reasoning with exactly one non-empty ``\\boxed{...}``."""
+    content = extract_last_boxed(response)
+    if content is None or not content.strip():
+        return 0.0
+    return 1.0 if response.count("\\boxed{") == 1 else 0.0

@@ -1,0 +1,46 @@
+"""Built-in rewards: math_verify on real cases, exact_match, format."""
+
+from __future__ import annotations
+
+import pytest
+
+from gspo_megatron.rewards import get_reward_fn
+
+
+@pytest.mark.parametrize("response,answer,expected", [
+    (r"so the answer is \boxed{\frac{1}{2}}", "0.5", 1.0),
+    (r"$x = 3/4$", r"\frac{3}{4}", 1.0),
+    (r"\boxed{2\sqrt{2}}", r"\sqrt{8}", 1.0),
+    (r"\boxed{7}", "8", 0.0),
+    ("I do not know", "5", 0.0),
+])
+def test_math_verify(response, answer, expected):
+    assert get_reward_fn("math_verify")(response, answer, None) == expected
+
+
+def test_math_verify_unparseable_reference_raises():
+    with pytest.raises(ValueError, match="cannot parse the reference answer"):
+        get_reward_fn("math_verify")(r"\boxed{1}", "", None)
+
+
+@pytest.mark.parametrize("response,answer,expected", [
+    (r"thinking... \boxed{1,000}", "1000", 1.0),
+    ("Final Answer: $42$.", "42", 1.0),
+    ("#### 7\nmore text", r"\boxed{7}", 1.0),
+    ("46", "46", 1.0),
+    ("the answer is 45", "46", 0.0),
+    ("", "", 0.0),
+])
+def test_exact_match(response, answer, expected):
+    assert get_reward_fn("exact_match")(response, answer, None) == expected
+
+
+@pytest.mark.parametrize("response,expected", [
+    (r"reasoning, then \boxed{x+1}", 1.0),
+    (r"\boxed{}", 0.0),
+    (r"\boxed{1} and \boxed{2}", 0.0),
+    (r"\boxed{1", 0.0),
+    ("42", 0.0),
+])
+def test_format(response, expected):
+    assert get_reward_fn("format")(response, "", None) == expected

@@ -1,0 +1,60 @@
+"""Tiny assets: the written model, tokenizer and data load with transformers and generate."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from gspo_megatron.tiny_task.task import AdditionTaskConfig
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "make_tiny_assets.py"
+
+
+def make_assets_main(argv):
+    spec = importlib.util.spec_from_file_location("make_tiny_assets", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main(argv)
+
+
+def test_make_tiny_assets_tool_writes_loadable_model_tokenizer_and_data(tmp_path):
+    torch.set_num_threads(1)
+    out = tmp_path / "assets"
+    assert make_assets_main([str(out), "--num-train", "40", "--num-eval", "8"]) == 0
+    model_dir = out / "model"
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    cfg = model.config
+    assert type(model).__name__ == "Qwen3MoeForCausalLM"
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads,
+            cfg.num_key_value_heads, cfg.head_dim) == (2, 64, 4, 2, 16)
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (4, 2, 64)
+    assert cfg.vocab_size == len(tok) and cfg.tie_word_embeddings is False
+    assert cfg.max_position_embeddings == 128 and cfg.rope_theta == 10000.0
+    assert not torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
+    gen_cfg = GenerationConfig.from_pretrained(model_dir)
+    assert (gen_cfg.eos_token_id, gen_cfg.pad_token_id) == (tok.eos_token_id, tok.pad_token_id)
+
+    enc = tok(["1+2=", "10+20="], return_tensors="pt", padding=True)
+    out_ids = model.generate(**enc, max_new_tokens=4, do_sample=True, num_return_sequences=2)
+    assert out_ids.shape[0] == 4 and out_ids.shape[1] <= enc["input_ids"].shape[1] + 4
+    assert int(out_ids.max()) < len(tok)
+
+    rows = [json.loads(line) for line in (out / "data" / "train.jsonl").read_text().splitlines()]
+    assert len(rows) == 40 and len((out / "data" / "eval.jsonl").read_text().splitlines()) == 8
+
+
+def test_same_seed_gives_identical_weights(tmp_path):
+    from gspo_megatron.tiny_task.model import create_tiny_model
+    from gspo_megatron.tiny_task.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    a, b, c = (create_tiny_model(tok, seed=s) for s in (0, 0, 1))
+    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
+        assert torch.equal(pa, pb), name
+    assert not torch.equal(a.lm_head.weight, c.lm_head.weight)
+    assert AdditionTaskConfig().num_digits == 2

@@ -1,0 +1,54 @@
+"""Addition task: deterministic disjoint splits, dataset files, reward correctness."""
+
+from __future__ import annotations
+
+import json
+
+from gspo_megatron.config.schema import DataConfig
+from gspo_megatron.data import load_prompt_dataset
+from gspo_megatron.rewards import get_reward_fn
+from gspo_megatron.tiny_task.task import (
+    AdditionProblem,
+    AdditionTaskConfig,
+    addition_reward,
+    make_splits,
+    write_task_datasets,
+)
+from gspo_megatron.tiny_task.tokenizer import build_char_tokenizer
+
+
+def test_splits_are_deterministic_disjoint_and_correct():
+    cfg = AdditionTaskConfig(num_train=300, num_eval=50)
+    train, held_out = make_splits(cfg)
+    assert (train, held_out) == make_splits(cfg)
+    assert len(train) == 300 and len(held_out) == 50
+    assert not {(p.a, p.b) for p in train} & {(p.a, p.b) for p in held_out}
+    assert all(0 <= p.a < 100 and 0 <= p.b < 100 for p in train + held_out)
+    assert make_splits(AdditionTaskConfig(num_train=10, num_eval=50))[1] == held_out
+    problem = AdditionProblem(57, 68)
+    assert (problem.prompt, problem.answer) == ("57+68=", "125")
+
+
+def test_dataset_files_load_through_the_prompt_loader(tmp_path):
+    train_path, eval_path = write_task_datasets(tmp_path, AdditionTaskConfig(num_train=20, num_eval=5))
+    first = json.loads(train_path.read_text().splitlines()[0])
+    assert set(first) == {"id", "prompt", "answer", "metadata"}
+    assert str(first["metadata"]["a"] + first["metadata"]["b"]) == first["answer"]
+    tok = build_char_tokenizer()
+    ds = load_prompt_dataset(eval_path, tok, DataConfig(max_prompt_tokens=8))
+    assert len(ds) == 5 and ds.stats.num_bad == 0
+    record = ds.records[0]
+    assert tok.decode(list(record.prompt_token_ids)) == record.prompt_text
+    assert record.prompt_text.endswith("=")
+
+
+def test_addition_reward():
+    assert get_reward_fn("tiny_addition") is addition_reward
+    assert addition_reward("46", "46") == 1.0
+    assert addition_reward(" 46 ", "46") == 1.0
+    assert addition_reward("46<eos>12", "46") == 1.0
+    assert addition_reward("461", "46") == 0.0
+    assert addition_reward("4", "46") == 0.0
+    assert addition_reward("", "46") == 0.0
+    assert addition_reward("4 6", "46") == 0.0
+    assert addition_reward("+46", "46") == 0.0
