@@ -20,6 +20,7 @@ system-deps:
 	bash tools/slurm_local.sh install
 
 demo: install
+	$(PY) tools/make_tiny_assets.py runs/tiny_assets
 	OMP_NUM_THREADS=2 $(VENV)/bin/gspo-train configs/tiny_cpu.yaml
 
 test: install system-deps

@@ -26,7 +26,7 @@ from gspo_megatron.checkpoint.gather import iter_hf_tensors
 from gspo_megatron.checkpoint.hf_io import (GENERATION_CONFIG, SafetensorsShardWriter,
                                             copy_hf_assets)
 from gspo_megatron.checkpoint.meta import (check_target, model_config_from_meta, partial_dir,
-                                           publish)
+                                           publish, resolve_checkpoint)
 from gspo_megatron.config.schema import ModelConfig, ParallelConfig
 from gspo_megatron.model.hf_config import hf_config_from_model_config
 
@@ -90,6 +90,7 @@ def export_megatron_to_hf(ckpt_dir: str | Path, out_dir: str | Path, parallel: P
     from gspo_megatron.learner.checkpointing import load_model_weights, read_meta
 
     out = check_target(out_dir, overwrite)
+    ckpt_dir = resolve_checkpoint(ckpt_dir)
     meta = read_meta(ckpt_dir)
     cfg = model_config_from_meta(meta)
     chunks = build_model_chunks(cfg, parallel)

@@ -17,7 +17,9 @@ from gspo_megatron.checkpoint import launch
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="gspo-export", description=__doc__.splitlines()[0])
-    parser.add_argument("--ckpt", required=True, help="gspo-megatron checkpoint directory")
+    parser.add_argument("--ckpt", required=True,
+                        help="gspo-megatron checkpoint directory, or a run's checkpoints/ "
+                             "directory (its newest complete step is exported)")
     parser.add_argument("--out", required=True, help="Hugging Face directory to create")
     parser.add_argument("--max-shard-size", default="5GB",
                         help="bytes per safetensors shard, e.g. 5GB, 500MB (default 5GB)")

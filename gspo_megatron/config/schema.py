@@ -300,6 +300,10 @@ class TrainerConfig:
     """0 evaluates only before and after training."""
     num_sft_steps: int = 0
     """Cold-start supervised steps on reference answers before RL (the paper cold-starts)."""
+    sft_lr: float = 3e-3
+    """Constant learning rate of the cold-start steps (RL uses ``optimizer.lr``)."""
+    sft_batch_size: int = 64
+    """Prompts (with their reference answers) per cold-start step."""
 
 
 @dataclass

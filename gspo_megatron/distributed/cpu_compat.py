@@ -40,6 +40,14 @@ def _to_cpu_device(device):
     return device
 
 
+def _cuda_type_name(tensor: torch.Tensor) -> str:
+    """``Tensor.type()`` as it would read on a GPU ("torch.cuda.FloatTensor" for a CPU float)."""
+    name = torch._C._TensorBase.type(tensor)
+    if tensor.device.type == "cpu" and name.startswith("torch.") and ".cuda." not in name:
+        return "torch.cuda." + name[len("torch."):]
+    return name
+
+
 class CudaToCpuMode(TorchFunctionMode):
     """Redirect ``device="cuda"`` arguments and ``Tensor.cuda()`` to the CPU.
 
@@ -53,6 +61,8 @@ class CudaToCpuMode(TorchFunctionMode):
             kwargs["device"] = _to_cpu_device(kwargs["device"])
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            return _cuda_type_name(args[0])
         if func is torch.Tensor.to and len(args) > 1:
             args = (args[0], _to_cpu_device(args[1])) + tuple(args[2:])
         return func(*args, **kwargs)
@@ -95,6 +105,63 @@ def _patch_te_general_gemm() -> None:
         moe_utils.te_general_gemm = None
 
 
+def _patch_torch_adam_step_state() -> None:
+    """Let the distributed optimizer load its reshardable state into torch's Adam.
+
+    Without Transformer Engine or apex, Megatron falls back to ``torch.optim.AdamW``, which keeps
+    a per-parameter ``step`` tensor in its state. ``load_parameter_state_from_fully_reshardable``
+    deliberately leaves ``step`` out (it restores it from the param groups), but
+    ``_set_main_param_and_optimizer_states`` then copies every key of the destination state and
+    fails with ``KeyError: 'step'``. Copy only the keys that were loaded.
+
+    Also, ``DistributedOptimizer.state_dict`` asserts that torch's state holds exactly one
+    ``step`` value, which fails before the first step (empty state) -- exactly when a run
+    resumes from a checkpoint. Give empty states the zeros and ``step=0`` that torch's Adam
+    itself would start from. And ``load_state_dict`` gives every parameter the *same* ``step``
+    tensor, which torch's Adam then increments once per parameter in place (wrong bias
+    correction after a resume): give each parameter its own copy.
+    """
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    original = DistributedOptimizer._set_main_param_and_optimizer_states
+    original_state_dict = DistributedOptimizer.state_dict
+
+    def state_dict(self):
+        inner = self.optimizer
+        if isinstance(inner, torch.optim.Optimizer):
+            for group in inner.param_groups:
+                for param in group["params"]:
+                    state = inner.state[param]
+                    if len(state) == 0:
+                        state["step"] = torch.tensor(0.0)
+                        state["exp_avg"] = torch.zeros_like(param)
+                        state["exp_avg_sq"] = torch.zeros_like(param)
+        return original_state_dict(self)
+
+    def set_states(self, model_param, tensors):
+        if self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+            return original(self, model_param, tensors)
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+        dst = {"param": main_param, **self.optimizer.state[main_param]}
+        for key, value in tensors.items():
+            dst[key].copy_(value)
+
+    DistributedOptimizer._set_main_param_and_optimizer_states = set_states
+    DistributedOptimizer.state_dict = state_dict
+    original_load = DistributedOptimizer.load_state_dict
+
+    def load_state_dict(self, state_dict):
+        original_load(self, state_dict)
+        inner = self.optimizer
+        if isinstance(inner, torch.optim.Optimizer):
+            for state in inner.state.values():
+                if torch.is_tensor(state.get("step")):
+                    state["step"] = state["step"].detach().clone()
+
+    DistributedOptimizer.load_state_dict = load_state_dict
+
+
 # ---- probes: each returns True when, unpatched, the assumption still breaks on CPU ------------
 
 
@@ -112,6 +179,23 @@ def _probe_device_arguments() -> bool:
     import megatron.core.pipeline_parallel.schedules as schedules
 
     return 'device="cuda"' in inspect.getsource(schedules)
+
+
+def _probe_tensor_type_names() -> bool:
+    import inspect
+
+    import megatron.core.optimizer.distrib_optimizer as distrib_optimizer
+
+    return "'torch.cuda.FloatTensor'" in inspect.getsource(distrib_optimizer)
+
+
+def _probe_torch_adam_step_state() -> bool:
+    import inspect
+
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    source = inspect.getsource(DistributedOptimizer._set_main_param_and_optimizer_states)
+    return "for key in dst_tensors" in source
 
 
 def _probe_rng() -> bool:
@@ -146,6 +230,13 @@ PATCHES: List[Patch] = [
     Patch("device_arguments", "schedules and buffers create tensors with device='cuda' "
           "(schedules.py total_num_tokens, GlobalMemoryBuffer for SP, causal masks)",
           _patch_device_arguments, _probe_device_arguments),
+    Patch("tensor_type_names", "the distributed optimizer and grad clipping check "
+          "param.type() == 'torch.cuda.FloatTensor' (answered by CudaToCpuMode, pushed by "
+          "device_arguments)", lambda: None, _probe_tensor_type_names),
+    Patch("torch_adam_step_state", "loading distributed-optimizer state into torch's AdamW "
+          "(the no-TE/apex fallback) fails with KeyError 'step', and state_dict() of a fresh "
+          "one fails its single-step assertion",
+          _patch_torch_adam_step_state, _probe_torch_adam_step_state),
     Patch("rng", "the model-parallel RNG tracker keeps CUDA generator states",
           _patch_rng, _probe_rng),
     Patch("te_general_gemm", "moe_utils refers to te_general_gemm without Transformer Engine",

@@ -1,1 +1,1 @@
-"""learner package."""
+"""The Megatron-Core learner: batches, forward passes, optimizer, checkpoints (see docs/learner.md)."""

@@ -42,6 +42,11 @@ def read_hf_config(path: str | Path) -> Dict[str, Any]:
         raise ConfigError(f"{path}: not valid JSON: {exc}") from None
 
 
+def _default_head_dim(model_type: str, hidden: int, heads: int) -> int:
+    """What transformers uses when config.json has no head_dim: 128 for Qwen3, else hidden/heads."""
+    return 128 if model_type == "qwen3" else hidden // heads
+
+
 def model_config_from_hf(hf: Dict[str, Any], base: ModelConfig | None = None,
                          source: str = "config.json") -> ModelConfig:
     """Sizes and architecture from an HF config; runtime choices (impl, dtype, FP8) from ``base``."""
@@ -70,8 +75,8 @@ def model_config_from_hf(hf: Dict[str, Any], base: ModelConfig | None = None,
         hidden_size=hidden,
         ffn_hidden_size=need("intermediate_size"),
         num_attention_heads=heads,
-        num_query_groups=hf.get("num_key_value_heads", heads),
-        head_dim=hf.get("head_dim") or hidden // heads,
+        num_query_groups=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or _default_head_dim(model_type, hidden, heads),
         vocab_size=need("vocab_size"),
         max_position_embeddings=need("max_position_embeddings"),
         rope_theta=float(hf.get("rope_theta", 10000.0)),
@@ -90,7 +95,7 @@ def model_config_from_hf(hf: Dict[str, Any], base: ModelConfig | None = None,
             num_experts=need("num_experts"),
             moe_router_topk=need("num_experts_per_tok"),
             moe_ffn_hidden_size=need("moe_intermediate_size"),
-            moe_norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
+            moe_norm_topk_prob=bool(hf.get("norm_topk_prob", False)),  # transformers' default
         )
     known = {f.name for f in fields(ModelConfig)}
     assert set(values) <= known

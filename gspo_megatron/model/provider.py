@@ -13,12 +13,14 @@ Layer specs: Transformer Engine modules on GPU, Megatron's local modules on CPU 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from gspo_megatron.config.schema import ModelConfig, ParallelConfig
+from gspo_megatron.config.validate import ConfigError
 from gspo_megatron.model.norms import SequenceParallelRMSNorm
 
 log = logging.getLogger(__name__)
@@ -30,26 +32,79 @@ def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
     return ((vocab_size + multiple - 1) // multiple) * multiple
 
 
-def resolve_transformer_impl(model: ModelConfig) -> str:
+def resolve_model_config(model) -> ModelConfig:
+    """The typed model config; sizes come from ``hf_path``'s config.json when it is set."""
+    from gspo_megatron.model.hf_config import as_model_config, model_config_from_hf, read_hf_config
+
+    model = as_model_config(model)
+    if model.hf_path:
+        source = str(Path(model.hf_path) / "config.json")
+        return model_config_from_hf(read_hf_config(model.hf_path), base=model, source=source)
+    return model
+
+
+def resolve_transformer_impl(model: ModelConfig, on_gpu: Optional[bool] = None) -> str:
+    """``transformer_engine`` or ``local``; ``auto`` picks TE exactly when a GPU is present."""
     if model.transformer_impl != "auto":
         return model.transformer_impl
-    return "transformer_engine" if torch.cuda.is_available() else "local"
+    return "transformer_engine" if _on_gpu(on_gpu) else "local"
 
 
-def resolve_params_dtype(model: ModelConfig) -> torch.dtype:
+def resolve_params_dtype(model: ModelConfig, on_gpu: Optional[bool] = None) -> torch.dtype:
+    """bf16 on GPU, fp32 on CPU unless the config says otherwise."""
     if model.params_dtype == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+        return torch.bfloat16 if _on_gpu(on_gpu) else torch.float32
     return {"bf16": torch.bfloat16, "fp32": torch.float32}[model.params_dtype]
 
 
-def build_transformer_config(model: ModelConfig, parallel: ParallelConfig):
-    """Map the model and parallel configs onto Megatron's ``TransformerConfig``."""
-    from megatron.core.transformer import TransformerConfig
+def _on_gpu(on_gpu: Optional[bool]) -> bool:
+    return torch.cuda.is_available() if on_gpu is None else on_gpu
 
-    impl = resolve_transformer_impl(model)
-    dtype = resolve_params_dtype(model)
-    on_gpu = torch.cuda.is_available()
-    is_moe = model.num_experts > 0
+
+def _fp8_kwargs(model: ModelConfig) -> dict:
+    """FP8 through Transformer Engine: format, scaling recipe, leading/trailing BF16 layers."""
+    fp8 = model.fp8
+    keep_bf16 = fp8.num_layers_at_start_in_bf16 > 0 or fp8.num_layers_at_end_in_bf16 > 0
+    if keep_bf16 and fp8.recipe == "delayed":
+        raise ConfigError("model.fp8.recipe: 'delayed' scaling cannot keep the first/last layers "
+                          "in BF16 (Megatron refuses it); set model.fp8.num_layers_at_start_in_bf16"
+                          " and num_layers_at_end_in_bf16 to 0 or use tensorwise/blockwise/mxfp8")
+    kwargs = dict(fp8=fp8.format, fp8_recipe=fp8.recipe, first_last_layers_bf16=keep_bf16)
+    if keep_bf16:
+        kwargs.update(num_layers_at_start_in_bf16=fp8.num_layers_at_start_in_bf16,
+                      num_layers_at_end_in_bf16=fp8.num_layers_at_end_in_bf16)
+    return kwargs
+
+
+def _moe_kwargs(model: ModelConfig, on_gpu: bool) -> dict:
+    """Qwen3-MoE routing: softmax, top-k (renormalised when norm_topk_prob), dropless."""
+    return dict(
+        num_moe_experts=model.num_experts,
+        moe_router_topk=model.moe_router_topk,
+        moe_ffn_hidden_size=model.moe_ffn_hidden_size,
+        moe_router_pre_softmax=not model.moe_norm_topk_prob,
+        moe_router_score_function="softmax",
+        moe_router_load_balancing_type="aux_loss" if model.moe_aux_loss_coeff > 0 else "none",
+        moe_aux_loss_coeff=model.moe_aux_loss_coeff,
+        moe_router_dtype=None if model.moe_router_dtype == "none" else model.moe_router_dtype,
+        moe_token_dispatcher_type=model.moe_token_dispatcher,
+        moe_grouped_gemm=model.moe_grouped_gemm,
+        moe_expert_capacity_factor=None,  # dropless: every token reaches its top-k experts
+        moe_shared_expert_intermediate_size=None,
+        moe_permute_fusion=on_gpu and model.moe_token_dispatcher == "alltoall",
+    )
+
+
+def transformer_config_kwargs(model: ModelConfig, parallel: ParallelConfig,
+                              on_gpu: Optional[bool] = None) -> dict:
+    """The keyword arguments of Megatron's ``TransformerConfig`` for this model and layout.
+
+    ``on_gpu`` defaults to "is there a GPU"; tests pass ``True`` to check the GPU mapping here.
+    """
+    on_gpu = _on_gpu(on_gpu)
+    impl = resolve_transformer_impl(model, on_gpu)
+    dtype = resolve_params_dtype(model, on_gpu)
+    fused = on_gpu and impl == "transformer_engine"
     kwargs = dict(
         num_layers=model.num_layers,
         hidden_size=model.hidden_size,
@@ -79,37 +134,34 @@ def build_transformer_config(model: ModelConfig, parallel: ParallelConfig):
         use_cpu_initialization=not on_gpu,
         perform_initialization=True,
         # Fusions need CUDA kernels (apex / TE); the local path computes the same thing unfused.
-        bias_activation_fusion=on_gpu and impl == "transformer_engine",
+        bias_activation_fusion=fused,
         masked_softmax_fusion=False,
         persist_layer_norm=False,
-        bias_dropout_fusion=on_gpu and impl == "transformer_engine",
-        apply_rope_fusion=False,
+        bias_dropout_fusion=fused,
+        apply_rope_fusion=fused,
         gradient_accumulation_fusion=False,
         init_method_std=0.02,
     )
-    if is_moe:
-        kwargs.update(
-            num_moe_experts=model.num_experts,
-            moe_router_topk=model.moe_router_topk,
-            moe_ffn_hidden_size=model.moe_ffn_hidden_size,
-            moe_router_pre_softmax=not model.moe_norm_topk_prob,
-            moe_router_load_balancing_type="aux_loss" if model.moe_aux_loss_coeff > 0 else "none",
-            moe_aux_loss_coeff=model.moe_aux_loss_coeff,
-            moe_router_dtype=None if model.moe_router_dtype == "none" else model.moe_router_dtype,
-            moe_token_dispatcher_type=model.moe_token_dispatcher,
-            moe_grouped_gemm=model.moe_grouped_gemm,
-            moe_permute_fusion=False,
-        )
+    if model.num_experts > 0:
+        kwargs.update(_moe_kwargs(model, on_gpu))
     if model.recompute != "none":
         kwargs.update(recompute_granularity=model.recompute,
                       recompute_method="uniform" if model.recompute == "full" else None,
                       recompute_num_layers=1 if model.recompute == "full" else None)
     if model.fp8.enabled:
-        kwargs.update(fp8=model.fp8.format, fp8_recipe=model.fp8.recipe,
-                      first_last_layers_bf16=True,
-                      num_layers_at_start_in_bf16=model.fp8.num_layers_at_start_in_bf16,
-                      num_layers_at_end_in_bf16=model.fp8.num_layers_at_end_in_bf16)
-    return TransformerConfig(**kwargs)
+        if impl != "transformer_engine":
+            raise ConfigError("model.fp8.enabled: FP8 needs Transformer Engine "
+                              "(model.transformer_impl=transformer_engine, on a GPU)")
+        kwargs.update(_fp8_kwargs(model))
+    return kwargs
+
+
+def build_transformer_config(model: ModelConfig, parallel: ParallelConfig,
+                             on_gpu: Optional[bool] = None):
+    """Map the model and parallel configs onto Megatron's ``TransformerConfig``."""
+    from megatron.core.transformer import TransformerConfig
+
+    return TransformerConfig(**transformer_config_kwargs(model, parallel, on_gpu))
 
 
 def build_layer_spec(model: ModelConfig, config, vp_stage: Optional[int] = None):

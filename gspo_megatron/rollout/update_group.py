@@ -22,15 +22,18 @@ log = logging.getLogger(__name__)
 def create_update_group(master_address: str, master_port: int, rank: int, world_size: int,
                         group_name: str, backend: str = "gloo", timeout_s: float = 120.0):
     """Join (rank 0 hosts) the group; returns the ProcessGroup. Blocks until all ranks join."""
+    from torch.distributed import TCPStore
     from torch.distributed.distributed_c10d import (Backend, PrefixStore, _new_process_group_helper,
-                                                    _world, rendezvous)
+                                                    _world)
 
     if not 0 <= rank < world_size:
         raise ValueError(f"update group {group_name!r}: rank {rank} outside world of {world_size}")
     timeout = timedelta(seconds=timeout_s)
-    url = f"tcp://{master_address}:{int(master_port)}"
-    store, _, _ = next(rendezvous(url, rank, world_size, timeout=timeout))
-    store.set_timeout(timeout)
+    # An explicit TCPStore, not rendezvous("tcp://..."): under torchrun
+    # (TORCHELASTIC_USE_AGENT_STORE=True) rendezvous makes every rank a client, so nobody would
+    # host this group's store.
+    store = TCPStore(master_address, int(master_port), world_size, is_master=(rank == 0),
+                     timeout=timeout)
     store = PrefixStore(group_name, store)
     group, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), store,
                                          group_name=group_name, timeout=timeout)

@@ -7,9 +7,9 @@ from typing import Dict, List, Sequence
 
 PANELS = (
     ("reward", ("reward/mean", "eval/accuracy")),
-    ("clipping", ("loss/clip_frac_low", "loss/clip_frac_high", "loss/seq_clip_frac")),
-    ("KL(old || new)", ("loss/approx_kl",)),
-    ("entropy", ("loss/entropy",)),
+    ("clipping", ("train/clip_frac_token_low", "train/clip_frac_token_high", "train/clip_frac_seq")),
+    ("KL(old || new)", ("train/approx_kl",)),
+    ("entropy", ("train/entropy",)),
     ("response length", ("rollout/response_len_mean",)),
 )
 

@@ -1,0 +1,239 @@
+"""The typed batch the trainer hands the learner, and how it becomes packed micro-batches.
+
+Rollouts are variable-length. Instead of padding every sequence to the longest one, the learner
+
+1. splits the mini-batch across data-parallel ranks so each rank gets about the same number of
+   *tokens* (longest-first greedy onto the lightest rank; every rank computes the same split from
+   the same mini-batch, so no communication is needed),
+2. packs each rank's share into micro-batches of at most ``max_tokens_per_micro_batch`` tokens
+   (dynamic batch size; first-fit-decreasing), and
+3. lays each micro-batch out as *one* row ``[1, S]`` of concatenated sequences, with
+   ``cu_seqlens`` boundaries. Transformer Engine attends per sequence through packed-sequence
+   (THD) metadata; Megatron's local attention gets the equivalent block-diagonal causal mask.
+
+Every micro-batch of a step has the same padded length ``S`` (the longest packed micro-batch on
+any rank, rounded up to ``pad_multiple``), and every rank runs the same number of micro-batches
+(short ranks get empty, fully masked ones). Pipeline schedules send fixed-shape activations and
+the expert dispatcher gathers across ranks, so this uniformity is what lets one step run on every
+layout; the cost is padding only at the tail of micro-batches.
+
+Only response tokens carry loss: the log-prob of token ``j`` comes from position ``j - 1``, so a
+sequence with prompt length ``P`` and length ``L`` contributes positions ``P-1 .. L-2``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Union
+
+import torch
+
+TokenList = Union[Sequence[int], torch.Tensor]
+
+
+@dataclass
+class SequenceBatch:
+    """A batch of prompt+response sequences, in the trainer's order.
+
+    Per-response-token fields are lists with one entry per sequence, each of length
+    ``len(token_ids[i]) - prompt_lens[i]``; ``None`` where not available.
+    """
+
+    token_ids: List[TokenList]
+    """Prompt followed by response, per sequence."""
+    prompt_lens: List[int]
+    advantages: Optional[List[Union[float, Sequence[float], torch.Tensor]]] = None
+    """One float per sequence (sequence-level) or one per response token."""
+    old_logprobs: Optional[List[torch.Tensor]] = None
+    rollout_logprobs: Optional[List[torch.Tensor]] = None
+    ref_logprobs: Optional[List[torch.Tensor]] = None
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.prompt_lens) != n:
+            raise ValueError(f"SequenceBatch: {n} sequences but {len(self.prompt_lens)} prompt_lens")
+        for name in ("advantages", "old_logprobs", "rollout_logprobs", "ref_logprobs"):
+            values = getattr(self, name)
+            if values is not None and len(values) != n:
+                raise ValueError(f"SequenceBatch.{name}: {len(values)} entries for {n} sequences")
+        for i in range(n):
+            length, prompt = len(self.token_ids[i]), self.prompt_lens[i]
+            if not 1 <= prompt < length:
+                raise ValueError(f"SequenceBatch: sequence {i} has prompt_len {prompt} and "
+                                 f"length {length}; need 1 <= prompt_len < length")
+            for name in ("old_logprobs", "rollout_logprobs", "ref_logprobs"):
+                values = getattr(self, name)
+                if values is not None and len(values[i]) != length - prompt:
+                    raise ValueError(f"SequenceBatch.{name}[{i}]: {len(values[i])} values for "
+                                     f"{length - prompt} response tokens")
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def seq_len(self, i: int) -> int:
+        return len(self.token_ids[i])
+
+    def response_len(self, i: int) -> int:
+        return len(self.token_ids[i]) - self.prompt_lens[i]
+
+    @property
+    def num_response_tokens(self) -> int:
+        return sum(self.response_len(i) for i in range(len(self)))
+
+
+def split_across_dp(lengths: Sequence[int], dp_size: int) -> List[List[int]]:
+    """Sequence indices per DP rank, balancing token counts (longest first onto lightest rank).
+
+    Deterministic: ties go to the lower rank, so every process computes the same split.
+    """
+    loads = [0] * dp_size
+    shares: List[List[int]] = [[] for _ in range(dp_size)]
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        rank = min(range(dp_size), key=lambda r: (loads[r], r))
+        shares[rank].append(i)
+        loads[rank] += lengths[i]
+    return [sorted(s) for s in shares]
+
+
+def pack_by_tokens(indices: Sequence[int], lengths: Sequence[int], max_tokens: int) -> List[List[int]]:
+    """First-fit-decreasing packing of sequences into bins of at most ``max_tokens`` tokens."""
+    bins: List[List[int]] = []
+    loads: List[int] = []
+    for i in sorted(indices, key=lambda i: (-lengths[i], i)):
+        if lengths[i] > max_tokens:
+            raise ValueError(f"sequence {i} has {lengths[i]} tokens, more than "
+                             f"batch.max_tokens_per_micro_batch={max_tokens}")
+        for b, load in enumerate(loads):
+            if load + lengths[i] <= max_tokens:
+                bins[b].append(i)
+                loads[b] += lengths[i]
+                break
+        else:
+            bins.append([i])
+            loads.append(lengths[i])
+    return [sorted(b) for b in bins]
+
+
+@dataclass
+class MicroBatch:
+    """One packed row. Shapes: tokens/labels/position_ids [1, S]; response tensors [N]."""
+
+    seq_ids: List[int]
+    """Indices into the SequenceBatch, in packing order."""
+    tokens: torch.Tensor
+    labels: torch.Tensor
+    """Next token at every position (garbage at sequence ends and padding; never selected)."""
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    """int32 [num_seqs + 2]: boundaries of each sequence and of the trailing padding block."""
+    response_positions: torch.Tensor
+    """int64 [N]: positions in the row whose logits predict a response token, by sequence."""
+    seq_index: torch.Tensor
+    """int64 [N]: local sequence index (0..num_seqs-1) of each response token."""
+    num_real_tokens: int
+    extras: dict = field(default_factory=dict)
+    """Per-response-token tensors [N] gathered from the batch: advantages, old_logprobs, ..."""
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_ids)
+
+    def causal_block_mask(self) -> torch.Tensor:
+        """[1, 1, S, S] bool, True where attention is *not* allowed (Megatron's convention)."""
+        length = self.tokens.shape[1]
+        seg = torch.zeros(length, dtype=torch.int64)
+        bounds = self.cu_seqlens.tolist()
+        for k in range(len(bounds) - 1):
+            seg[bounds[k]:bounds[k + 1]] = k
+        pos = torch.arange(length)
+        allowed = (seg[:, None] == seg[None, :]) & (pos[None, :] <= pos[:, None])
+        return (~allowed).view(1, 1, length, length)
+
+
+def _as_tensor(values, dtype) -> torch.Tensor:
+    if isinstance(values, torch.Tensor):
+        return values.detach().to(dtype=dtype, device="cpu").reshape(-1)
+    return torch.tensor(list(values), dtype=dtype)
+
+
+def _per_token_advantage(batch: SequenceBatch, i: int) -> torch.Tensor:
+    adv = batch.advantages[i]
+    n = batch.response_len(i)
+    if isinstance(adv, (int, float)):
+        return torch.full((n,), float(adv), dtype=torch.float32)
+    t = _as_tensor(adv, torch.float32)
+    if t.numel() == 1:
+        return t.expand(n).clone()
+    if t.numel() != n:
+        raise ValueError(f"SequenceBatch.advantages[{i}]: {t.numel()} values for {n} response tokens")
+    return t
+
+
+def build_micro_batch(batch: SequenceBatch, seq_ids: List[int], padded_len: int,
+                      pad_token_id: int = 0) -> MicroBatch:
+    """Concatenate ``seq_ids`` into one row of ``padded_len`` tokens."""
+    tokens = torch.full((padded_len,), pad_token_id, dtype=torch.int64)
+    position_ids = torch.zeros(padded_len, dtype=torch.int64)
+    bounds, positions, seq_index = [0], [], []
+    extras: dict = {k: [] for k in ("advantages", "old_logprobs", "rollout_logprobs", "ref_logprobs")
+                    if getattr(batch, k) is not None}
+    offset = 0
+    for local, i in enumerate(seq_ids):
+        ids = _as_tensor(batch.token_ids[i], torch.int64)
+        length, prompt = ids.numel(), batch.prompt_lens[i]
+        tokens[offset:offset + length] = ids
+        position_ids[offset:offset + length] = torch.arange(length)
+        positions.append(torch.arange(offset + prompt - 1, offset + length - 1))
+        seq_index.append(torch.full((length - prompt,), local, dtype=torch.int64))
+        for key in extras:
+            extras[key].append(_per_token_advantage(batch, i) if key == "advantages"
+                               else _as_tensor(getattr(batch, key)[i], torch.float32))
+        offset += length
+        bounds.append(offset)
+    if offset > padded_len:
+        raise ValueError(f"micro-batch of {offset} tokens does not fit padded length {padded_len}")
+    if offset < padded_len:
+        bounds.append(padded_len)
+        position_ids[offset:] = torch.arange(padded_len - offset)
+    labels = torch.roll(tokens, -1)
+    cat = (lambda xs, dtype: torch.cat(xs) if xs else torch.zeros(0, dtype=dtype))
+    return MicroBatch(
+        seq_ids=list(seq_ids), tokens=tokens.view(1, -1), labels=labels.view(1, -1),
+        position_ids=position_ids.view(1, -1),
+        cu_seqlens=torch.tensor(bounds, dtype=torch.int32),
+        response_positions=cat(positions, torch.int64), seq_index=cat(seq_index, torch.int64),
+        num_real_tokens=offset,
+        extras={k: cat(v, torch.float32) for k, v in extras.items()})
+
+
+@dataclass
+class StepPlan:
+    """What one rank runs in one step, and the global normalisers of the mini-batch."""
+
+    micro_batches: List[MicroBatch]
+    padded_len: int
+    global_num_seqs: int
+    global_num_tokens: int
+    """Response tokens in the whole mini-batch (all ranks)."""
+    rank_seq_ids: List[List[int]]
+    """Sequence indices assigned to every DP rank (for gathering results back)."""
+
+
+def plan_step(batch: SequenceBatch, dp_rank: int, dp_size: int, max_tokens: int,
+              pad_multiple: int = 1, pad_token_id: int = 0,
+              num_micro_multiple: int = 1) -> StepPlan:
+    """Split, pack and lay out this rank's micro-batches so that all ranks agree on shapes."""
+    if len(batch) < dp_size:
+        raise ValueError(f"a batch of {len(batch)} sequences cannot feed {dp_size} "
+                         "data-parallel ranks")
+    lengths = [batch.seq_len(i) for i in range(len(batch))]
+    shares = split_across_dp(lengths, dp_size)
+    bins_per_rank = [pack_by_tokens(s, lengths, max_tokens) for s in shares]
+    longest = max(sum(lengths[i] for i in b) for bins in bins_per_rank for b in bins)
+    padded_len = -(-longest // pad_multiple) * pad_multiple
+    num_micro = max(len(bins) for bins in bins_per_rank)
+    num_micro = -(-num_micro // num_micro_multiple) * num_micro_multiple
+    mine = bins_per_rank[dp_rank] + [[]] * (num_micro - len(bins_per_rank[dp_rank]))
+    micro = [build_micro_batch(batch, b, padded_len, pad_token_id) for b in mine]
+    return StepPlan(micro_batches=micro, padded_len=padded_len, global_num_seqs=len(batch),
+                    global_num_tokens=batch.num_response_tokens, rank_seq_ids=shares)

@@ -1,0 +1,303 @@
+"""Learner checkpoints through ``megatron.core.dist_checkpointing``, loadable under any layout.
+
+Format ``gspo-megatron-v1`` (the HF -> Megatron converter writes the same):
+
+* a directory written by ``dist_checkpointing.save(sharded_state_dict, dir)`` whose model part is
+  under ``"model"`` (``chunk.sharded_state_dict()``; with virtual pipeline ``"model0"``,
+  ``"model1"``, ...). Training checkpoints add ``"optimizer"`` (distributed optimizer state in the
+  layout-independent ``fully_reshardable`` form), ``"scheduler"``, ``"rng"`` (one object
+  per rank, restored only under the same layout), ``"step"`` and ``"extra"``;
+* ``gspo_meta.json``: ``{"format", "step", "model", "parallel", "has_optimizer"}``.
+
+Writes go to ``<dir>.partial`` and are renamed into place when every rank has finished, so a
+directory named like a checkpoint is always a complete one.
+
+    save_model_weights(chunks, "ckpt/hf_import", meta)   # weights only (converter, exports)
+    load_model_weights(chunks, "ckpt/hf_import")
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+FORMAT = "gspo-megatron-v1"
+META_FILE = "gspo_meta.json"
+OPTIMIZER_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable",
+                      "chained_optim_avoid_prefix": True}
+
+log = logging.getLogger(__name__)
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _model_keys(num_chunks: int) -> List[str]:
+    return ["model"] if num_chunks == 1 else [f"model{i}" for i in range(num_chunks)]
+
+
+def model_sharded_state_dict(chunks) -> Dict[str, Any]:
+    """``{"model": ...}`` (or ``model0``, ``model1``, ... with virtual pipeline).
+
+    Always taken from the bare ``GPTModel`` (DDP wrappers unwrapped), so training checkpoints
+    and converted ones share keys.
+    """
+    return {key: _unwrap(chunk).sharded_state_dict()
+            for key, chunk in zip(_model_keys(len(chunks)), chunks)}
+
+
+def _unwrap(chunk):
+    return getattr(chunk, "module", chunk)
+
+
+def _jsonable(value):
+    if is_dataclass(value):
+        return asdict(value)
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(value, DictConfig):
+            return OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        pass
+    return value
+
+
+def read_meta(directory: str | Path) -> Dict[str, Any]:
+    """``gspo_meta.json`` of a checkpoint; a clear error when it is missing or not ours."""
+    path = Path(directory) / META_FILE
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: not a gspo-megatron checkpoint (no {META_FILE})") from None
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    return meta
+
+
+def _atomic_save(state: Dict[str, Any], directory: str | Path, meta: Dict[str, Any]) -> None:
+    from megatron.core import dist_checkpointing
+
+    final = Path(directory)
+    partial = final.with_name(final.name + ".partial")
+    if _rank() == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    _barrier()
+    dist_checkpointing.save(state, str(partial))
+    _barrier()
+    if _rank() == 0:
+        meta = {"format": FORMAT, **{k: _jsonable(v) for k, v in meta.items()}}
+        (partial / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
+        if final.exists():
+            old = final.with_name(final.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(partial, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(partial, final)
+        log.info("saved checkpoint %s (step %s)", final, meta.get("step"))
+    _barrier()
+
+
+def save_model_weights(model_chunks, directory: str | Path, meta: Dict[str, Any]) -> None:
+    """Weights only. ``meta`` should hold ``step``, ``model`` and ``parallel`` (dataclasses ok)."""
+    meta = {"step": 0, **meta, "has_optimizer": False}
+    _atomic_save(model_sharded_state_dict(model_chunks), directory, meta)
+
+
+def _load_chunks(model_chunks, loaded: Dict[str, Any], directory) -> None:
+    for key, chunk in zip(_model_keys(len(model_chunks)), model_chunks):
+        if key not in loaded:
+            raise KeyError(f"{directory}: checkpoint has no {key!r} (virtual pipeline layout "
+                           f"with {len(model_chunks)} chunks expects {_model_keys(len(model_chunks))})")
+        _unwrap(chunk).load_state_dict(loaded[key], strict=True)
+
+
+def load_model_weights(model_chunks, directory: str | Path) -> Dict[str, Any]:
+    """Load the model part of any gspo-megatron checkpoint into ``model_chunks``; returns meta."""
+    from megatron.core import dist_checkpointing
+
+    meta = read_meta(directory)
+    loaded = dist_checkpointing.load(model_sharded_state_dict(model_chunks), str(directory))
+    _load_chunks(model_chunks, loaded, directory)
+    return meta
+
+
+def _rng_object(key: str):
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    state = {"torch": torch.get_rng_state(), "tracker": get_cuda_rng_tracker().get_states()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return ShardedObject(f"rng_state.{key}", state, (_world(),), (_rank(),), replica_id=0)
+
+
+def _restore_rng(state: Dict[str, Any]) -> None:
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def layout_key(parallel, world_size: Optional[int] = None) -> str:
+    """Names a layout; RNG states are only meaningful between identical ones."""
+    p = _jsonable(parallel)
+    return "w{}_tp{}_pp{}_vpp{}_ep{}_etp{}_cp{}".format(
+        world_size or _world(), p["tp"], p["pp"], p["vpp"], p["ep"], p["etp"], p["cp"])
+
+
+# ---- optimizer state, independent of how Megatron splits the optimizer ------------------------
+#
+# Megatron builds one distributed optimizer for dense parameters and, depending on the layout,
+# a second one for expert parameters (a ChainedOptimizer), and its own state dict nests them by
+# index, so a checkpoint saved with one split cannot be loaded with another. The per-parameter
+# state tensors in the ``fully_reshardable`` format carry global, layout-free keys
+# (``optimizer.state.exp_avg.<param>``), so they are stored here flat by key, with the Adam step
+# beside them; the rest of each sub-optimizer's state dict is rebuilt by the loading optimizer.
+
+
+def _sub_optimizers(optimizer) -> list:
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def _collect_sharded(obj, out: Dict[str, Any]) -> None:
+    """Append every sharded leaf of ``obj`` to ``out`` under a position-ordered unique name.
+
+    Storage is addressed by each leaf's own key and offsets, not by these names (local experts
+    of one layer share a key with different offsets), so the names only need to be unique and
+    sortable back into traversal order on this rank.
+    """
+    from megatron.core.dist_checkpointing.mapping import ShardedBase
+
+    if isinstance(obj, ShardedBase):
+        out[f"{len(out):08d}|{obj.key}"] = obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            _collect_sharded(value, out)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            _collect_sharded(value, out)
+
+
+def _fill_sharded(obj, loaded_in_order):
+    """Replace the sharded leaves of ``obj`` (same traversal as ``_collect_sharded``)."""
+    from megatron.core.dist_checkpointing.mapping import ShardedBase
+
+    if isinstance(obj, ShardedBase):
+        return next(loaded_in_order)
+    if isinstance(obj, dict):
+        return {k: _fill_sharded(v, loaded_in_order) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_fill_sharded(v, loaded_in_order) for v in obj]
+    return obj
+
+
+def _adam_step(sub_state: Dict[str, Any]) -> int:
+    steps = {int(g["step"]) for g in sub_state["optimizer"]["param_groups"] if "step" in g}
+    return max(steps) if steps else 0
+
+
+def _optimizer_state_for_save(optimizer, model_sd) -> Dict[str, Any]:
+    tensors: Dict[str, Any] = {}
+    step = 0
+    for sub in _sub_optimizers(optimizer):
+        sub_state = sub.sharded_state_dict(model_sd, is_loading=False, metadata=OPTIMIZER_SHARDING)
+        _collect_sharded(sub_state["param_state"], tensors)
+        step = max(step, _adam_step(sub_state))
+    return {"tensors": tensors, "adam_step": step}
+
+
+def _optimizer_state_for_load(optimizer, model_sd):
+    structures = [sub.sharded_state_dict(model_sd, is_loading=True, metadata=OPTIMIZER_SHARDING)
+                  for sub in _sub_optimizers(optimizer)]
+    tensors: Dict[str, Any] = {}
+    for sub_state in structures:
+        _collect_sharded(sub_state["param_state"], tensors)
+    return structures, {"tensors": tensors, "adam_step": 0}
+
+
+def _restore_optimizer(optimizer, structures, loaded: Dict[str, Any]) -> None:
+    step = int(loaded["adam_step"])
+    tensors = loaded["tensors"]
+    in_order = iter([tensors[name] for name in sorted(tensors)])
+    for sub, sub_state in zip(_sub_optimizers(optimizer), structures):
+        sub_state["param_state"] = _fill_sharded(sub_state["param_state"], in_order)
+        for group in sub_state["optimizer"]["param_groups"]:
+            group["step"] = step
+        sub.load_state_dict(sub_state)
+
+
+def save_training_checkpoint(model_chunks, optimizer, scheduler, directory: str | Path,
+                             meta: Dict[str, Any], extra: Optional[Dict[str, Any]] = None) -> None:
+    """Model, optimizer, scheduler, RNG, step and trainer ``extra`` (plain Python values)."""
+    model_sd = model_sharded_state_dict(model_chunks)
+    state = dict(model_sd)
+    state["optimizer"] = _optimizer_state_for_save(optimizer, model_sd)
+    state["scheduler"] = scheduler.state_dict()
+    state["rng"] = _rng_object(layout_key(meta["parallel"]))
+    state["step"] = int(meta.get("step", 0))
+    state["extra"] = dict(extra or {})
+    _atomic_save(state, directory, {**meta, "has_optimizer": True, "world_size": _world()})
+
+
+def load_training_checkpoint(model_chunks, optimizer, scheduler, directory: str | Path,
+                             parallel, load_optimizer: bool = True) -> Dict[str, Any]:
+    """Restore what :func:`save_training_checkpoint` wrote; returns ``{"meta", "step", "extra"}``.
+
+    Under a different layout the model and optimizer are resharded; RNG states (one per rank)
+    are only restored when the layout is the same, since ranks do not correspond otherwise.
+    """
+    from megatron.core import dist_checkpointing
+
+    meta = read_meta(directory)
+    model_sd = model_sharded_state_dict(model_chunks)
+    state: Dict[str, Any] = dict(model_sd)
+    with_optimizer = load_optimizer and meta.get("has_optimizer", False)
+    if load_optimizer and not meta.get("has_optimizer", False):
+        raise ValueError(f"{directory}: weights-only checkpoint has no optimizer state; "
+                         "load it with load_weights / load_optimizer=False")
+    saved_layout = layout_key(meta["parallel"], meta.get("world_size"))
+    same_layout = saved_layout == layout_key(parallel)
+    if with_optimizer:
+        structures, state["optimizer"] = _optimizer_state_for_load(optimizer, model_sd)
+        state["scheduler"] = scheduler.state_dict()
+        state["step"] = 0
+        state["extra"] = {}
+        if same_layout:
+            state["rng"] = _rng_object(layout_key(parallel))
+    loaded = dist_checkpointing.load(state, str(directory))
+    _load_chunks(model_chunks, loaded, directory)
+    if with_optimizer:
+        _restore_optimizer(optimizer, structures, loaded["optimizer"])
+        scheduler.num_steps = 0  # Megatron's load_state_dict *adds* the saved step count
+        scheduler.load_state_dict(loaded["scheduler"])
+        if same_layout:
+            _restore_rng(loaded["rng"])
+        else:
+            log.info("%s: saved under layout %s, running %s; RNG states not restored",
+                     directory, saved_layout, layout_key(parallel))
+    return {"meta": meta, "step": int(loaded.get("step", meta.get("step", 0))),
+            "extra": loaded.get("extra", {})}

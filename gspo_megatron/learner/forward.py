@@ -1,0 +1,80 @@
+"""One micro-batch through a Megatron model chunk, and its response-token log-probs.
+
+Attention metadata depends on the backend, not on the data: Transformer Engine gets the packed
+row's ``cu_seqlens`` as THD :class:`PackedSeqParams` (it resets RoPE positions and attends per
+sequence), Megatron's local attention gets the equivalent ``[1, 1, S, S]`` block-diagonal causal
+mask. Local RoPE then runs on row positions rather than per-sequence ones, which is exact in
+value (RoPE scores depend only on the distance between query and key, and the mask keeps every
+pair inside one sequence) and differs only by float rounding of the angles.
+
+Log-probs: the output layer's vocabulary is padded (``make_vocab_size_divisible_by`` x TP);
+padded columns are not part of the Hugging Face model or of the rollout engine's softmax, so
+they are masked out before the (vocab-parallel) softmax. Only response positions are passed on,
+so the fp32 softmax temporaries scale with response tokens, not with the row.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from gspo_megatron.learner.batch import MicroBatch
+
+MASKED_LOGIT = -1.0e9
+"""Logit given to padded vocabulary entries: exp() underflows to exactly 0 without inf/NaN."""
+
+
+def packed_seq_params(mb: MicroBatch):
+    """THD metadata for Transformer Engine: one packed row, boundaries from ``cu_seqlens``."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cu = mb.cu_seqlens.to(torch.int32)
+    max_len = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                           cu_seqlens_q_padded=cu, cu_seqlens_kv_padded=cu,
+                           max_seqlen_q=max_len, max_seqlen_kv=max_len)
+
+
+def forward_chunk(chunk, mb: MicroBatch, use_packed_seq: bool, device: torch.device) -> torch.Tensor:
+    """Run one model chunk. Last stage: logits ``[1, S, V_local]``; otherwise hidden states."""
+    tokens = mb.tokens.to(device, non_blocking=True)
+    position_ids = mb.position_ids.to(device, non_blocking=True)
+    if use_packed_seq:
+        params = packed_seq_params(mb)
+        params.cu_seqlens_q = params.cu_seqlens_kv = params.cu_seqlens_q.to(device)
+        params.cu_seqlens_q_padded = params.cu_seqlens_kv_padded = params.cu_seqlens_q
+        return chunk(tokens, position_ids, None, packed_seq_params=params)
+    mask = mb.causal_block_mask().to(device, non_blocking=True)
+    return chunk(tokens, position_ids, mask)
+
+
+def mask_padded_vocab(logits: torch.Tensor, vocab_size: int, tp_rank: int) -> torch.Tensor:
+    """Give padded vocabulary columns of this TP rank's slice a logit of ``MASKED_LOGIT``."""
+    v_local = logits.shape[-1]
+    first_padded = vocab_size - tp_rank * v_local
+    if first_padded >= v_local:
+        return logits
+    keep = torch.arange(v_local, device=logits.device) < max(first_padded, 0)
+    return logits.masked_fill(~keep, MASKED_LOGIT)
+
+
+def response_logprobs(logits: torch.Tensor, mb: MicroBatch, vocab_size: int, tp_group,
+                      tp_rank: int, temperature: float, compute_entropy: bool
+                      ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Log-probs (and entropy) of the response tokens, flat ``[N]`` in ``mb.seq_index`` order."""
+    from gspo_megatron.algorithms.logprobs import vocab_parallel_logprobs_entropy
+
+    positions = mb.response_positions.to(logits.device)
+    selected = logits[0].index_select(0, positions)  # [N, V_local]
+    selected = mask_padded_vocab(selected, vocab_size, tp_rank)
+    targets = mb.labels[0].to(logits.device).index_select(0, positions)
+    return vocab_parallel_logprobs_entropy(selected, targets, tp_group=tp_group,
+                                           compute_entropy=compute_entropy,
+                                           temperature=temperature)
+
+
+def split_by_sequence(values: torch.Tensor, mb: MicroBatch) -> list:
+    """Flat ``[N]`` -> one tensor per sequence of the micro-batch (detached, CPU, fp32)."""
+    counts = torch.bincount(mb.seq_index, minlength=mb.num_seqs).tolist()
+    return [t.detach().float().cpu() for t in torch.split(values, counts)]

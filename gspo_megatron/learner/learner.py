@@ -1,0 +1,323 @@
+"""The Megatron-Core learner: log-prob passes and GSPO / GRPO / SFT optimizer steps.
+
+    rt = init_distributed(cfg.parallel, seed=cfg.trainer.seed)
+    learner = Learner(cfg, rt)
+    out = learner.compute_logprobs(batch)           # per sequence, on every rank
+    metrics = learner.train_step(mini_batch, get_policy_loss(cfg.algo.loss))
+    learner.save_checkpoint("ckpt/step_10", extra={"data_cursor": 123})
+
+Every rank receives the whole (mini-)batch; each computes the same deterministic split across
+data-parallel ranks and the same packing (``batch.plan_step``), so no data is scattered. A step
+runs all micro-batches through Megatron's pipeline schedule (``get_forward_backward_func``: no
+pipelining, 1F1B or interleaved), then one guarded optimizer step.
+
+Loss scaling: the losses are already normalised by the *global* mini-batch sequence / token
+count, so the mini-batch gradient is the plain sum over micro-batches and DP ranks. Megatron
+divides each micro-batch loss by the number of micro-batches and averages gradients over DP, so
+the loss handed to Megatron is multiplied by ``num_micro_batches * dp_size`` (exact: integers).
+The MoE auxiliary loss keeps Megatron's usual per-micro-batch mean.
+
+Context parallelism is refused here (see docs/learner.md): the local attention cannot split
+sequences and the THD partitioning for Transformer Engine is not implemented yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from gspo_megatron.algorithms.metrics import accumulate_metrics, all_reduce_metrics, metrics_to_floats
+from gspo_megatron.algorithms.types import LossOutput, PolicyLossInputs
+from gspo_megatron.config.schema import GSPOConfig
+from gspo_megatron.config.validate import ConfigError
+from gspo_megatron.learner import checkpointing
+from gspo_megatron.learner.batch import MicroBatch, SequenceBatch, StepPlan, plan_step
+from gspo_megatron.learner.forward import forward_chunk, response_logprobs, split_by_sequence
+from gspo_megatron.learner.optimizer import (build_optimizer, build_scheduler, current_lr,
+                                             guarded_step, wrap_ddp)
+from gspo_megatron.model.provider import (build_gpt_model, build_transformer_config,
+                                          resolve_model_config, resolve_params_dtype,
+                                          resolve_transformer_impl)
+
+log = logging.getLogger(__name__)
+
+LossFn = Callable[[PolicyLossInputs, object], LossOutput]
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Too many consecutive optimizer steps had a non-finite loss or gradient norm."""
+
+
+@dataclass
+class LogprobOutput:
+    """Per sequence, in the batch's order: response-token log-probs and entropies, fp32 CPU."""
+
+    logprobs: List[torch.Tensor]
+    entropy: List[torch.Tensor]
+
+
+class Learner:
+    """Megatron model chunks + DDP + optimizer + scheduler for one learner process."""
+
+    def __init__(self, cfg: GSPOConfig, runtime, total_steps: Optional[int] = None) -> None:
+        from megatron.core import parallel_state as ps
+
+        if cfg.parallel.cp > 1:
+            raise ConfigError("parallel.cp: context parallelism is not supported by the learner "
+                              "yet (see docs/learner.md); use tp/sp or pp for long sequences")
+        self.cfg, self.runtime = cfg, runtime
+        self.model_cfg = resolve_model_config(cfg.model)
+        self.tf_config = build_transformer_config(self.model_cfg, cfg.parallel)
+        self.use_packed_seq = resolve_transformer_impl(self.model_cfg) == "transformer_engine"
+        self.device = runtime.device
+        vpp = cfg.parallel.vpp
+        chunks = [build_gpt_model(self.model_cfg, cfg.parallel, vp_stage=i if vpp else None,
+                                  config=self.tf_config) for i in range(vpp or 1)]
+        for chunk in chunks:
+            chunk.to(self.device)
+        self.model = wrap_ddp(chunks, self.tf_config, cfg.optimizer.use_distributed_optimizer)
+        self.optimizer = build_optimizer(cfg.optimizer, self.model,
+                                         resolve_params_dtype(self.model_cfg))
+        total = total_steps or cfg.trainer.num_steps * cfg.batch.num_mini_batches
+        self.scheduler = build_scheduler(cfg.optimizer, self.optimizer, total)
+        self._wire_schedule_hooks()
+        self.dp_rank = ps.get_data_parallel_rank()
+        self.dp_size = ps.get_data_parallel_world_size()
+        self.tp_rank = ps.get_tensor_model_parallel_rank()
+        self.tp_group = ps.get_tensor_model_parallel_group() \
+            if ps.get_tensor_model_parallel_world_size() > 1 else None
+        self.is_last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
+        self.step = 0
+        self.consecutive_nonfinite = 0
+        self.num_nonfinite_skipped = 0
+
+    # ---- set-up ---------------------------------------------------------------------------
+
+    def _wire_schedule_hooks(self) -> None:
+        from megatron.core.distributed import finalize_model_grads
+
+        c = self.tf_config
+        c.no_sync_func = [m.no_sync for m in self.model] if len(self.model) > 1 \
+            else self.model[0].no_sync
+        c.finalize_model_grads_func = finalize_model_grads
+        c.grad_scale_func = self.optimizer.scale_loss
+
+    def _pad_multiple(self) -> int:
+        return self.cfg.parallel.tp if self.cfg.parallel.sp else 1
+
+    def plan(self, batch: SequenceBatch) -> StepPlan:
+        """This rank's micro-batches (same count and length on every rank)."""
+        multiple = self.cfg.parallel.pp if self.cfg.parallel.vpp else 1
+        return plan_step(batch, self.dp_rank, self.dp_size,
+                         self.cfg.batch.max_tokens_per_micro_batch,
+                         pad_multiple=self._pad_multiple(), num_micro_multiple=multiple)
+
+    # ---- running the schedule -------------------------------------------------------------
+
+    def _run_schedule(self, plan: StepPlan, loss_func: Callable, forward_only: bool) -> list:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        mbs = plan.micro_batches
+        data = [iter(mbs) for _ in self.model] if len(self.model) > 1 else iter(mbs)
+
+        def forward_step(data_iterator, chunk):
+            mb = next(data_iterator)
+            return forward_chunk(chunk, mb, self.use_packed_seq, self.device), partial(loss_func, mb)
+
+        return get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=data, model=self.model,
+            num_microbatches=len(mbs), seq_length=plan.padded_len, micro_batch_size=1,
+            forward_only=forward_only)
+
+    def _logprobs(self, output, mb: MicroBatch, temperature: float, compute_entropy: bool):
+        return response_logprobs(output, mb, self.model_cfg.vocab_size, self.tp_group,
+                                 self.tp_rank, temperature, compute_entropy)
+
+    # ---- log-prob pass --------------------------------------------------------------------
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: SequenceBatch,
+                         temperature: Optional[float] = None) -> LogprobOutput:
+        """Forward only; per-sequence response log-probs and entropies on every rank."""
+        temp = self.cfg.rollout.temperature if temperature is None else temperature
+        plan = self.plan(batch)
+
+        def loss_func(mb, output):
+            if mb.num_seqs == 0:
+                return output.sum() * 0.0, {}
+            lp, ent = self._logprobs(output, mb, temp, compute_entropy=True)
+            per_seq = dict(zip(mb.seq_ids, zip(split_by_sequence(lp, mb),
+                                               split_by_sequence(ent, mb))))
+            return lp.sum(), {"per_seq": per_seq}
+
+        for m in self.model:
+            m.eval()
+        try:
+            results = self._run_schedule(plan, loss_func, forward_only=True)
+        finally:
+            for m in self.model:
+                m.train()
+        mine: Dict[int, tuple] = {}
+        if self.is_last_stage and self.tp_rank == 0:
+            for item in results:
+                mine.update(item.get("per_seq", {}))
+        gathered = _all_gather_objects(mine)
+        merged: Dict[int, tuple] = {}
+        for part in gathered:
+            merged.update(part)
+        missing = [i for i in range(len(batch)) if i not in merged]
+        if missing:
+            raise RuntimeError(f"compute_logprobs: no result for sequences {missing[:10]}")
+        return LogprobOutput([merged[i][0] for i in range(len(batch))],
+                             [merged[i][1] for i in range(len(batch))])
+
+    # ---- training -------------------------------------------------------------------------
+
+    def _policy_inputs(self, mb: MicroBatch, plan: StepPlan, lp, ent) -> PolicyLossInputs:
+        extras = {k: v.to(lp.device) for k, v in mb.extras.items()}
+        counts = torch.bincount(mb.seq_index, minlength=mb.num_seqs).to(lp.device)
+        return PolicyLossInputs(
+            logprobs=lp, old_logprobs=extras.get("old_logprobs", lp.detach()),
+            advantages=extras.get("advantages", torch.zeros_like(lp)),
+            seq_index=mb.seq_index.to(lp.device), num_seqs=mb.num_seqs,
+            seq_token_counts=counts, global_num_seqs=plan.global_num_seqs,
+            global_num_tokens=plan.global_num_tokens, entropy=ent,
+            ref_logprobs=extras.get("ref_logprobs"),
+            rollout_logprobs=extras.get("rollout_logprobs"))
+
+    def forward_backward(self, mini_batch: SequenceBatch, loss_fn: LossFn,
+                         temperature: Optional[float] = None) -> Dict[str, object]:
+        """Accumulate the mini-batch gradient in the DDP grad buffers (no optimizer step)."""
+        temp = self.cfg.rollout.temperature if temperature is None else temperature
+        plan = self.plan(mini_batch)
+        scale = float(len(plan.micro_batches) * self.dp_size)
+
+        def loss_func(mb, output):
+            if mb.num_seqs == 0:
+                return output.sum() * 0.0, {}
+            lp, ent = self._logprobs(output, mb, temp, compute_entropy=True)
+            out = loss_fn(self._policy_inputs(mb, plan, lp, ent), self.cfg.algo)
+            return out.loss * scale, {"loss": out.loss.detach(), "metrics": out.metrics}
+
+        for m in self.model:
+            m.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        results = self._run_schedule(plan, loss_func, forward_only=False)
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        metrics: dict = {}
+        for item in results if self.is_last_stage else []:
+            if "loss" in item:
+                loss_sum += item["loss"].double().cpu()
+                accumulate_metrics(metrics, {k: v.cpu() for k, v in item["metrics"].items()})
+        return {"plan": plan, "loss_sum": loss_sum, "metrics": metrics}
+
+    def _reduce_step_metrics(self, fb: Dict[str, object]) -> Dict[str, float]:
+        """Loss and loss metrics reduced over DP on the last stage, then shared with all ranks."""
+        from megatron.core import parallel_state as ps
+
+        out: Dict[str, float] = {}
+        if self.is_last_stage:
+            metrics = fb["metrics"]
+            loss = fb["loss_sum"].clone()
+            if self.dp_size > 1:
+                all_reduce_metrics(metrics, group=ps.get_data_parallel_group())
+                dist.all_reduce(loss, group=ps.get_data_parallel_group())
+            out = metrics_to_floats(metrics)
+            out["loss"] = float(loss)
+        if ps.get_pipeline_model_parallel_world_size() > 1:
+            holder = [out]
+            last = ps.get_pipeline_model_parallel_last_rank()
+            dist.broadcast_object_list(holder, src=last,
+                                       group=ps.get_pipeline_model_parallel_group())
+            out = holder[0]
+        return out
+
+    def train_step(self, mini_batch: SequenceBatch, loss_fn: LossFn,
+                   temperature: Optional[float] = None) -> Dict[str, float]:
+        """Forward/backward over all micro-batches, one guarded optimizer step; metrics."""
+        start = time.perf_counter()
+        fb = self.forward_backward(mini_batch, loss_fn, temperature)
+        metrics = self._reduce_step_metrics(fb)
+        loss_finite = math.isfinite(metrics["loss"])
+        result = guarded_step(self.optimizer, self.cfg.optimizer.clip_grad, loss_finite)
+        if result.updated:
+            self.scheduler.step(increment=1)
+            self.step += 1
+            self.consecutive_nonfinite = 0
+        else:
+            self._on_skipped_step(metrics["loss"], result.grad_norm)
+        elapsed = time.perf_counter() - start
+        plan: StepPlan = fb["plan"]
+        num_tokens = sum(len(t) for t in mini_batch.token_ids)
+        metrics.update(grad_norm=result.grad_norm, lr=current_lr(self.optimizer) or 0.0,
+                       skipped=float(not result.updated),
+                       num_nonfinite_skipped=float(self.num_nonfinite_skipped),
+                       num_micro_batches=float(len(plan.micro_batches)),
+                       padded_len=float(plan.padded_len), num_tokens=float(num_tokens),
+                       step_time_s=elapsed, tokens_per_s=num_tokens / max(elapsed, 1e-9))
+        return metrics
+
+    def _on_skipped_step(self, loss: float, grad_norm: float) -> None:
+        self.num_nonfinite_skipped += 1
+        self.consecutive_nonfinite += 1
+        for m in self.model:
+            m.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        limit = self.cfg.optimizer.max_consecutive_nonfinite
+        log.warning("step %d skipped: loss=%s grad_norm=%s (%d in a row, limit %d)",
+                    self.step, loss, grad_norm, self.consecutive_nonfinite, limit)
+        if self.consecutive_nonfinite >= limit:
+            where = self.last_good_dir()
+            self.save_checkpoint(where, extra={"stopped_for": "non-finite loss or grad norm"})
+            raise NonFiniteTrainingError(
+                f"{self.consecutive_nonfinite} consecutive steps had a non-finite loss or grad "
+                f"norm (optimizer.max_consecutive_nonfinite={limit}); the last good state "
+                f"(step {self.step}) was saved to {where}")
+
+    # ---- checkpoints ----------------------------------------------------------------------
+
+    def last_good_dir(self) -> Path:
+        root = self.cfg.checkpoint.dir or str(Path(self.cfg.logging.run_dir) / "checkpoints")
+        return Path(root) / "last_good"
+
+    def _meta(self) -> dict:
+        return {"step": self.step, "model": self.model_cfg, "parallel": self.cfg.parallel}
+
+    def save_checkpoint(self, directory, extra: Optional[dict] = None) -> None:
+        checkpointing.save_training_checkpoint(self.model, self.optimizer, self.scheduler,
+                                               directory, self._meta(), extra)
+
+    def load_checkpoint(self, directory, load_optimizer: bool = True) -> dict:
+        """Restore a training checkpoint (any layout); returns the saved ``extra`` dict."""
+        if not load_optimizer:
+            self.load_weights(directory)
+            return {}
+        state = checkpointing.load_training_checkpoint(
+            self.model, self.optimizer, self.scheduler, directory, self.cfg.parallel)
+        self.step = state["step"]
+        return state["extra"]
+
+    def load_weights(self, directory) -> dict:
+        """Model weights only (e.g. a converted HF checkpoint); optimizer state is kept."""
+        meta = checkpointing.load_model_weights(self.model, directory)
+        self.optimizer.reload_model_params()
+        return meta
+
+    def save_weights(self, directory) -> None:
+        checkpointing.save_model_weights(self.model, directory, self._meta())
+
+
+def _all_gather_objects(obj) -> list:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out

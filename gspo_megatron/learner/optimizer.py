@@ -1,0 +1,100 @@
+"""Megatron DDP wrapping, the (distributed) Adam optimizer, the LR schedule and a guarded step.
+
+Gradients live in Megatron's contiguous fp32 grad buffers (``DistributedDataParallel``); with
+``use_distributed_optimizer`` the Adam state and fp32 master weights are sharded over the
+data-parallel group. The step is :meth:`MegatronOptimizer.step` taken apart so that the global
+gradient norm is known *before* anything is written: a non-finite norm skips the update
+(grads are zeroed by the caller), which a plain ``step()`` without a loss scaler would not.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+
+from gspo_megatron.config.schema import OptimizerConfig
+
+log = logging.getLogger(__name__)
+
+
+def wrap_ddp(chunks: List[torch.nn.Module], tf_config, use_distributed_optimizer: bool):
+    """Wrap each model chunk in Megatron's DistributedDataParallel (fp32 grad buffers)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=False, overlap_param_gather=False,
+        use_distributed_optimizer=use_distributed_optimizer, check_for_nan_in_grad=False,
+        average_in_collective=False)
+    wrapped = []
+    for i, chunk in enumerate(chunks):
+        # Bucketing only matters when overlapping communication; chunks after the first never
+        # overlap in Megatron's schedules either.
+        wrapped.append(DistributedDataParallel(config=tf_config, ddp_config=ddp_config,
+                                               module=chunk, disable_bucketing=i > 0))
+    return wrapped
+
+
+def build_optimizer(cfg: OptimizerConfig, chunks, params_dtype: torch.dtype):
+    """Adam (decoupled weight decay) over all chunks; returns Megatron's optimizer object."""
+    from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    mcfg = MegatronOptimizerConfig(
+        optimizer="adam", lr=cfg.lr, min_lr=cfg.min_lr, weight_decay=cfg.weight_decay,
+        adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps,
+        clip_grad=cfg.clip_grad, bf16=params_dtype == torch.bfloat16, fp16=False,
+        params_dtype=params_dtype, use_distributed_optimizer=cfg.use_distributed_optimizer)
+    return get_megatron_optimizer(mcfg, chunks)
+
+
+def build_scheduler(cfg: OptimizerConfig, optimizer, total_steps: int):
+    """Linear warm-up to ``lr``, then constant / linear / cosine decay to ``min_lr``."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    decay_steps = max(total_steps, cfg.warmup_steps + 1)
+    return OptimizerParamScheduler(
+        optimizer, init_lr=0.0 if cfg.warmup_steps > 0 else cfg.lr, max_lr=cfg.lr,
+        min_lr=cfg.min_lr, lr_warmup_steps=cfg.warmup_steps, lr_decay_steps=decay_steps,
+        lr_decay_style=cfg.lr_decay_style, start_wd=cfg.weight_decay, end_wd=cfg.weight_decay,
+        wd_incr_steps=decay_steps, wd_incr_style="constant")
+
+
+def _sub_optimizers(optimizer) -> list:
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+@dataclass
+class StepResult:
+    updated: bool
+    grad_norm: float
+
+
+def guarded_step(optimizer, clip_grad: float, loss_finite: bool) -> StepResult:
+    """Clip and step unless the loss or the global grad norm is non-finite.
+
+    Every rank reaches the same decision: the grad norm is all-reduced over the model-parallel
+    groups by ``get_grad_norm`` and ``loss_finite`` must already be agreed on by the caller.
+    """
+    from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+    found_inf = optimizer.prepare_grads()
+    grad_norm = float(optimizer.get_grad_norm())
+    if found_inf or not loss_finite or not math.isfinite(grad_norm):
+        return StepResult(updated=False, grad_norm=grad_norm)
+    if clip_grad > 0.0:
+        for opt in _sub_optimizers(optimizer):
+            params = opt.get_parameters()
+            if params and not getattr(opt, "is_stub_optimizer", False):
+                clip_grad_by_total_norm_fp32(params, max_norm=clip_grad, total_norm=grad_norm)
+    updated = optimizer.step_with_ready_grads()
+    return StepResult(updated=bool(updated), grad_norm=grad_norm)
+
+
+def current_lr(optimizer) -> Optional[float]:
+    for group in optimizer.param_groups:
+        return float(group["lr"])
+    return None

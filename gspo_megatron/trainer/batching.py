@@ -1,0 +1,61 @@
+"""Rollouts and supervised examples as the learner's :class:`SequenceBatch`, and mini-batches.
+
+A rollout batch is split into ``batch.num_mini_batches`` mini-batches along whole prompt groups
+where the group count allows it (so a group's samples update together, as in the paper), else
+into equal runs of sequences; each mini-batch is one optimizer step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import List, Sequence
+
+import torch
+
+from gspo_megatron.data.sft import build_sft_examples
+from gspo_megatron.learner.batch import SequenceBatch
+from gspo_megatron.trainer.rollout_step import ScoredRollout
+
+
+def rollout_to_sequence_batch(rollout: ScoredRollout) -> SequenceBatch:
+    """Engine log-probs serve as both ``rollout_logprobs`` and the default ``old_logprobs``."""
+    engine_lp = [torch.tensor(s.response_logprobs, dtype=torch.float32) for s in rollout.samples]
+    return SequenceBatch(
+        token_ids=[list(s.prompt_token_ids) + list(s.response_token_ids) for s in rollout.samples],
+        prompt_lens=[len(s.prompt_token_ids) for s in rollout.samples],
+        advantages=list(rollout.advantages),
+        old_logprobs=engine_lp,
+        rollout_logprobs=engine_lp,
+    )
+
+
+def with_old_logprobs(batch: SequenceBatch, old_logprobs: Sequence[torch.Tensor]) -> SequenceBatch:
+    return replace(batch, old_logprobs=[t.detach().float() for t in old_logprobs])
+
+
+def _take(batch: SequenceBatch, idx: List[int]) -> SequenceBatch:
+    pick = (lambda xs: None if xs is None else [xs[i] for i in idx])
+    return SequenceBatch(token_ids=pick(batch.token_ids), prompt_lens=pick(batch.prompt_lens),
+                         advantages=pick(batch.advantages), old_logprobs=pick(batch.old_logprobs),
+                         rollout_logprobs=pick(batch.rollout_logprobs),
+                         ref_logprobs=pick(batch.ref_logprobs))
+
+
+def split_mini_batches(batch: SequenceBatch, num_mini_batches: int,
+                       group_size: int = 1) -> List[SequenceBatch]:
+    """Consecutive, near-equal mini-batches; whole groups of ``group_size`` when they divide."""
+    n = len(batch)
+    unit = group_size if group_size > 1 and (n // group_size) % num_mini_batches == 0 else 1
+    units = n // unit
+    if units < num_mini_batches:
+        raise ValueError(f"cannot split {n} sequences into {num_mini_batches} mini-batches")
+    bounds = [round(k * units / num_mini_batches) * unit for k in range(num_mini_batches + 1)]
+    return [_take(batch, list(range(bounds[k], bounds[k + 1]))) for k in range(num_mini_batches)]
+
+
+def sft_batch(records, tokenizer) -> SequenceBatch:
+    """Prompt + reference answer + eos; the loss covers the answer and eos only."""
+    examples = build_sft_examples(records, tokenizer)
+    prompt_lens = [ex.loss_mask.index(1) for ex in examples]
+    return SequenceBatch(token_ids=[list(ex.token_ids) for ex in examples], prompt_lens=prompt_lens,
+                         advantages=[1.0] * len(examples))

@@ -1,0 +1,61 @@
+"""Hugging Face weights in and out of a live learner (no checkpoint round trip).
+
+Start of a run: fill the learner's parameters from ``model.hf_path`` with the same mapping and
+slicing as the conversion tool. End of a run: stream the gathered parameters into sharded
+safetensors with config, generation config and tokenizer, written to a temporary directory and
+renamed into place.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from gspo_megatron.checkpoint.convert import fill_from_hf
+from gspo_megatron.checkpoint.export import write_hf_metadata
+from gspo_megatron.checkpoint.gather import iter_hf_tensors
+from gspo_megatron.checkpoint.hf_io import HFCheckpointReader, SafetensorsShardWriter
+from gspo_megatron.checkpoint.meta import partial_dir, publish
+from gspo_megatron.model.provider import padded_vocab_size
+
+
+def unwrapped_chunks(learner):
+    return [getattr(chunk, "module", chunk) for chunk in learner.model]
+
+
+def load_hf_into_learner(learner, hf_dir: str | Path) -> int:
+    """Copy this rank's slices of the HF weights into the learner; returns bytes read."""
+    cfg = learner.model_cfg
+    padded = padded_vocab_size(cfg.vocab_size, cfg.make_vocab_size_divisible_by,
+                               learner.cfg.parallel.tp)
+    num_bytes = fill_from_hf(unwrapped_chunks(learner), HFCheckpointReader(hf_dir), cfg, padded,
+                             log_every=0)
+    learner.optimizer.reload_model_params()  # the optimizer's main copies follow the new weights
+    return num_bytes
+
+
+def learner_hf_tensors(learner, dst: str = "rank0") -> Iterator[Tuple[str, torch.Tensor]]:
+    """Collective: every rank must exhaust it; full tensors appear on rank 0 (or all)."""
+    return iter_hf_tensors(unwrapped_chunks(learner), learner.model_cfg, learner.cfg.parallel,
+                           dst=dst)
+
+
+def export_learner_to_hf(learner, out_dir: str | Path, tokenizer_dir: Optional[str] = None,
+                         max_shard_bytes: int = 5 * 10**9) -> Path:
+    """Collective: write the learner's current policy as an HF checkpoint directory."""
+    is_main = not dist.is_initialized() or dist.get_rank() == 0
+    dtype = next(unwrapped_chunks(learner)[0].parameters()).dtype
+    writer = SafetensorsShardWriter(partial_dir(out_dir), max_shard_bytes) if is_main else None
+    for name, tensor in learner_hf_tensors(learner):
+        writer.add(name, tensor.to(dtype))
+    if writer is not None:
+        writer.finish()
+        write_hf_metadata(writer.dir, learner.model_cfg,
+                          Path(tokenizer_dir) if tokenizer_dir else None, dtype)
+        publish(writer.dir, out_dir)
+    if dist.is_initialized():
+        dist.barrier()
+    return Path(out_dir)

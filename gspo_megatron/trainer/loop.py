@@ -1,0 +1,178 @@
+"""The GSPO loop, readable as one function: generate -> score -> update -> sync -> log -> save.
+
+    for step in steps:
+        rollout  = collect_rollout(...)                  # main rank: engine + rewards + advantages
+        batch    = broadcast(rollout) -> SequenceBatch   # every learner rank
+        old_lp   = learner.compute_logprobs(batch)       # or the engine's (algo.old_logprob_source)
+        for mini in split(batch, batch.num_mini_batches): learner.train_step(mini, loss)
+        sync_weights(learner -> engine)
+        log / evaluate / checkpoint
+
+Parts are built in ``trainer/build.py``; this module only sequences them. Preemption (SIGUSR1 /
+SIGTERM) checkpoints after the current step and exits with 124 so the Slurm script requeues.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from typing import Dict
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from gspo_megatron.trainer.batching import (rollout_to_sequence_batch, sft_batch,
+                                            split_mini_batches, with_old_logprobs)
+from gspo_megatron.trainer.build import TrainerParts, constant_learning_rate
+from gspo_megatron.trainer.evaluation import evaluate_accuracy
+from gspo_megatron.trainer.preemption import REQUEUE_EXIT_CODE
+from gspo_megatron.trainer.rollout_step import collect_rollout
+
+log = logging.getLogger(__name__)
+
+
+def _broadcast_object(obj, parts: TrainerParts):
+    if parts.runtime.world_size == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _any_rank(flag: bool, parts: TrainerParts) -> bool:
+    if parts.runtime.world_size == 1:
+        return flag
+    t = torch.tensor([1 if flag else 0])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+class GSPOTrainer:
+    """Sequences the parts of a run; see the module docstring for the order."""
+
+    def __init__(self, parts: TrainerParts) -> None:
+        self.p = parts
+        self.cfg = parts.cfg
+        self.step = 0
+
+    # ---- the phases ----------------------------------------------------------------------
+    def sync_weights(self) -> Dict[str, float]:
+        start = time.perf_counter()
+        stats = self.p.weight_sync()
+        return {"time/weight_sync_s": time.perf_counter() - start, **stats}
+
+    def evaluate(self) -> Dict[str, float]:
+        if not self.p.runtime.is_main or self.p.eval_prompts is None:
+            return {}
+        return evaluate_accuracy(self.p.engine, self.p.eval_prompts, self.p.reward_runner,
+                                 self.p.tokenizer, self.cfg)
+
+    def cold_start(self) -> None:
+        """Supervised steps on reference answers before RL (the paper cold-starts its model)."""
+        t = self.cfg.trainer
+        with constant_learning_rate(self.p.learner, t.sft_lr):
+            for i in tqdm(range(t.num_sft_steps), desc="cold-start SFT", dynamic_ncols=True,
+                          disable=not self.p.runtime.is_main):
+                records = self.p.sampler.next_batch(t.sft_batch_size)
+                batch = sft_batch(records, self.p.tokenizer)
+                metrics = self.p.learner.train_step(batch, self.p.sft_loss, temperature=1.0)
+                if self.p.runtime.is_main and (i % 50 == 0 or i + 1 == t.num_sft_steps):
+                    log.info("sft step %d/%d loss %.4f", i + 1, t.num_sft_steps,
+                             metrics.get("loss", float("nan")))
+
+    def rl_step(self) -> Dict[str, float]:
+        cfg, p = self.cfg, self.p
+        t0 = time.perf_counter()
+        rollout = None
+        if p.runtime.is_main:
+            rollout = collect_rollout(p.sampler, p.engine, p.reward_runner, p.tokenizer, cfg,
+                                      self.step)
+        else:
+            p.sampler.next_batch(cfg.batch.num_prompts_per_step)  # keep data position in step
+        rollout = _broadcast_object(rollout, p)
+        batch = rollout_to_sequence_batch(rollout)
+        metrics = dict(rollout.metrics)
+        if cfg.data.retire_solved_prompts:  # every rank, so the samplers stay identical
+            metrics["data/retired"] = float(len(p.sampler.retire_saturated(rollout.group_rewards)))
+            metrics["data/active_prompts"] = float(p.sampler.num_active)
+
+        t1 = time.perf_counter()
+        if cfg.algo.old_logprob_source == "learner" or cfg.algo.tis.enabled:
+            learner_lp = p.learner.compute_logprobs(batch).logprobs
+            mismatch = [float((a - torch.tensor(s.response_logprobs)).abs().mean())
+                        for a, s in zip(learner_lp, rollout.samples)]
+            metrics["rollout/learner_vs_engine_abs_logp"] = sum(mismatch) / len(mismatch)
+            if cfg.algo.old_logprob_source == "learner":
+                batch = with_old_logprobs(batch, learner_lp)
+        if p.reference is not None:
+            batch = replace(batch, ref_logprobs=p.reference.compute_logprobs(batch).logprobs)
+        metrics["time/old_logprobs_s"] = time.perf_counter() - t1
+
+        t2 = time.perf_counter()
+        minis = split_mini_batches(batch, cfg.batch.num_mini_batches, cfg.rollout.n_samples_per_prompt)
+        for mini in minis:
+            step_metrics = p.learner.train_step(mini, p.policy_loss)
+            for k, v in step_metrics.items():  # mean over the mini-batches of this step
+                key = f"train/{k}"
+                metrics[key] = metrics.get(key, 0.0) + v / len(minis)
+        metrics["time/update_s"] = time.perf_counter() - t2
+        metrics.update(self.sync_weights())
+        metrics["time/step_s"] = time.perf_counter() - t0
+        return metrics
+
+    # ---- the run -------------------------------------------------------------------------
+    def run(self) -> int:
+        cfg, p = self.cfg, self.p
+        resumed = p.resume()
+        self.step = resumed.step if resumed else 0
+        if resumed is None:
+            self.cold_start()
+            self.sync_weights()
+            if p.runtime.is_main:
+                p.logger.log(0, self.evaluate())
+        else:
+            self.sync_weights()
+            p.logger.truncate_after(self.step)
+        eval_every = cfg.trainer.eval_every_steps
+        bar = tqdm(total=cfg.trainer.num_steps, initial=self.step, desc="GSPO steps",
+                   disable=not p.runtime.is_main, dynamic_ncols=True)
+        while self.step < cfg.trainer.num_steps:
+            metrics = self.rl_step()
+            self.step += 1
+            bar.update(1)
+            bar.set_postfix(reward=f"{metrics.get('reward/mean', 0.0):.3f}")
+            last = self.step == cfg.trainer.num_steps
+            if last or (eval_every and self.step % eval_every == 0):
+                metrics.update(self.evaluate())
+            if p.runtime.is_main:
+                p.logger.log(self.step, metrics)
+                log.info("step %d/%d %s", self.step, cfg.trainer.num_steps, _summary(metrics))
+            preempted = _any_rank(p.preemption.requested, p)
+            every = cfg.checkpoint.save_every_steps
+            if last or preempted or (every and self.step % every == 0):
+                p.save(self.step)
+            if preempted and not last:
+                log.warning("checkpointed step %d after %s; exiting %d for requeue", self.step,
+                            p.preemption.signal_name or "a signal on another rank", REQUEUE_EXIT_CODE)
+                return REQUEUE_EXIT_CODE
+        bar.close()
+        p.finish()
+        return 0
+
+
+def _summary(metrics: Dict[str, float], keys=("reward/mean", "eval/accuracy", "train/clip_frac_token",
+                                               "train/clip_frac_seq", "time/step_s")) -> str:
+    return " ".join(f"{k}={metrics[k]:.4g}" for k in keys if k in metrics)
+
+
+def run_training(parts: TrainerParts) -> int:
+    """Run the loop; the exit code is 0, or 124 after a preemption checkpoint."""
+    try:
+        return GSPOTrainer(parts).run()
+    finally:
+        parts.close()
+
+
+__all__ = ["GSPOTrainer", "run_training"]

@@ -1,0 +1,116 @@
+"""One rollout batch: prompts -> n samples each -> rewards -> group advantages -> dynamic sampling.
+
+Runs on the process that drives the rollout engine (the main rank). The result is a plain,
+picklable :class:`ScoredRollout` that the loop broadcasts to every learner rank. Generation seeds
+depend only on (run seed, step, round), so a resumed run draws exactly the samples that an
+uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+import torch
+
+from gspo_megatron.algorithms.advantages import compute_group_advantages
+from gspo_megatron.rollout.types import GenerationRequest, Sample, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ScoredRollout:
+    """Samples of whole prompt groups (n consecutive samples per prompt) with rewards."""
+
+    samples: List[Sample] = field(default_factory=list)
+    rewards: List[float] = field(default_factory=list)
+    advantages: List[float] = field(default_factory=list)
+    metrics: Dict[str, float] = field(default_factory=dict)
+    group_rewards: Dict[str, List[float]] = field(default_factory=dict)
+    """Rewards of every generated group, dropped ones included (for query-set refresh)."""
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.samples)
+
+
+def generation_seed(run_seed: int, step: int, round_index: int = 0) -> int:
+    return (run_seed * 1_000_003 + step * 101 + round_index) % (2**31)
+
+
+def _score_round(prompts, engine, reward_runner, params: SamplingParams, n: int, algo_cfg):
+    requests = [GenerationRequest(p.prompt_id, p.prompt_token_ids, n=n) for p in prompts]
+    by_key = {s.key: s for s in engine.generate(requests, params)}
+    # Engines return samples sorted by (prompt_id, index); regroup them in the prompts' order.
+    samples = [by_key[(p.prompt_id, i)] for p in prompts for i in range(n)]
+    by_id = {p.prompt_id: p for p in prompts}
+    rewards = reward_runner.score(samples, by_id)
+    groups = torch.tensor(rewards, dtype=torch.float64).view(len(prompts), n)
+    adv, zero_var = compute_group_advantages(groups, mode=algo_cfg.advantage,
+                                             eps=algo_cfg.advantage_eps)
+    return samples, groups, adv, zero_var
+
+
+def collect_rollout(sampler, engine, reward_runner, tokenizer, cfg, step: int) -> ScoredRollout:
+    """Generate and score ``batch.num_prompts_per_step`` groups (fewer if dynamic sampling runs dry)."""
+    n = cfg.rollout.n_samples_per_prompt
+    want = cfg.batch.num_prompts_per_step
+    dyn = cfg.algo.dynamic_sampling
+    out = ScoredRollout()
+    start = time.perf_counter()
+    num_generated = num_dropped = num_zero_var = 0
+    all_rewards: List[float] = []
+    rounds = 1 + (dyn.max_rounds if dyn.enabled else 0)
+    for round_index in range(rounds):
+        missing = want - out.num_sequences // n
+        if missing <= 0:
+            break
+        prompts = sampler.next_batch(missing)
+        params = SamplingParams.from_config(cfg.rollout,
+                                            seed=generation_seed(cfg.trainer.seed, step, round_index))
+        params = SamplingParams(**{**params.__dict__,
+                                   "stop_token_ids": tuple(_eos_ids(tokenizer))})
+        samples, groups, adv, zero_var = _score_round(prompts, engine, reward_runner, params, n,
+                                                      cfg.algo)
+        num_generated += len(samples)
+        all_rewards.extend(groups.flatten().tolist())
+        num_zero_var += int(zero_var.sum())
+        for g in range(len(prompts)):
+            out.group_rewards[prompts[g].prompt_id] = groups[g].tolist()
+            if dyn.enabled and bool(zero_var[g]):
+                num_dropped += 1
+                continue
+            out.samples.extend(samples[g * n:(g + 1) * n])
+            out.rewards.extend(groups[g].tolist())
+            out.advantages.extend(adv[g].tolist())
+    if out.num_sequences == 0:
+        raise RuntimeError(f"step {step}: dynamic sampling dropped every group in {rounds} rounds "
+                           "(all rewards equal); lower the difficulty or disable "
+                           "algo.dynamic_sampling")
+    lengths = [len(s.response_token_ids) for s in out.samples]
+    rewards_t = torch.tensor(all_rewards)
+    out.metrics = {
+        "reward/mean": float(rewards_t.mean()),
+        "reward/std": float(rewards_t.std()) if len(all_rewards) > 1 else 0.0,
+        "rollout/zero_variance_group_frac": num_zero_var / max(num_generated // n, 1),
+        "rollout/dropped_groups": float(num_dropped),
+        "rollout/num_sequences": float(out.num_sequences),
+        "rollout/response_len_mean": sum(lengths) / len(lengths),
+        "rollout/response_len_max": float(max(lengths)),
+        "rollout/truncated_frac": sum(s.finish_reason == "length" for s in out.samples) / len(lengths),
+        "time/rollout_s": time.perf_counter() - start,
+    }
+    out.metrics.update({k: v for k, v in engine.metrics.as_dict().items()
+                        if k.startswith("rollout/tokens_per_s")})
+    out.metrics.update(reward_runner.last_stats())
+    return out
+
+
+def _eos_ids(tokenizer) -> List[int]:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        return []
+    return list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]

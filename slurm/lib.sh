@@ -1,0 +1,350 @@
+# shellcheck shell=bash
+# Shared functions of the slurm/ job scripts: run directory and logs, node split, srun steps
+# (bare or in a pyxis container), health waits, step supervision, preemption and requeue.
+#
+# Sourced by slurm/gspo_30b.sh, slurm/tiny_cpu.sh (with slurm/train_job.sh), slurm/convert.sh
+# and slurm/export.sh; it defines functions only. Supervision rule: the job has one main step
+# (the learner, or the convert / export process) and optional service steps (rollout servers).
+# When the main step ends, the services are stopped and the job exits with the main step's
+# code. When a service step ends first, or any step fails, every other step is stopped and the
+# job exits with the failing step's code and a message naming it, so no server is left behind.
+# SIGUSR1 (Slurm's `--signal=B:USR1@T` warning before the time limit, or a preemption notice) is
+# forwarded to the learner, which checkpoints and exits 124; the job then requeues itself and
+# resumes.
+
+readonly GSPO_REQUEUE_EXIT_CODE=124
+
+gspo_log() {
+  local line
+  line="[$(date -u +%Y-%m-%dT%H:%M:%S) gspo job ${SLURM_JOB_ID:-none}] $*"
+  printf '%s\n' "$line" >&2
+  if [[ -n ${GSPO_JOB_LOG:-} ]]; then printf '%s\n' "$line" >>"$GSPO_JOB_LOG"; fi
+}
+
+# gspo_fail CODE MESSAGE [STEP_LOG]: stop every step, say why (with the end of the failing
+# step's log), exit with CODE (never 0).
+gspo_fail() {
+  local code=$1 message=$2 log=${3:-}
+  ((code != 0)) || code=1
+  gspo_log "FAILED (exit code $code): $message"
+  if [[ -n $log && -r $log ]]; then
+    # Under torchrun the cause is in the ranks' tracebacks ("[rankN]: ..."), not in its summary.
+    local pattern='^\[rank[0-9]+\]:'
+    if grep -qE "$pattern" "$log"; then
+      gspo_log "end of the ranks' errors in $log:"
+      grep -E "$pattern" "$log" | tail -n "${GSPO_FAIL_LOG_LINES:-12}"
+    else
+      gspo_log "last lines of $log:"
+      tail -n "${GSPO_FAIL_LOG_LINES:-20}" "$log"
+    fi | sed 's/^/    | /' | tee -a "${GSPO_JOB_LOG:-/dev/null}" >&2
+  fi
+  gspo_stop_steps
+  exit "$code"
+}
+
+gspo_require_slurm() {
+  [[ -n ${SLURM_JOB_ID:-} ]] || {
+    echo "error: $0 is a Slurm batch script; submit it with sbatch" >&2
+    exit 2
+  }
+}
+
+# Run directory: everything of the job goes under it (logs/<job id>/, checkpoints, exports).
+# GSPO_RUN_DIR is kept across requeues (same job id), so a requeued job finds its checkpoints.
+gspo_setup_run_dir() {
+  local job_key=${SLURM_JOB_ID}
+  if [[ -n ${SLURM_ARRAY_JOB_ID:-} ]]; then job_key="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"; fi
+  if [[ -n ${GSPO_GRID_DIR:-} && -n ${SLURM_ARRAY_TASK_ID:-} ]]; then
+    GSPO_RUN_DIR="${GSPO_GRID_DIR}/point_${SLURM_ARRAY_TASK_ID}"
+  fi
+  GSPO_RUN_DIR=${GSPO_RUN_DIR:-${SLURM_SUBMIT_DIR}/runs/${SLURM_JOB_NAME}-${job_key}}
+  GSPO_RESTART=${SLURM_RESTART_COUNT:-0}
+  GSPO_LOG_DIR="${GSPO_RUN_DIR}/logs/${job_key}"
+  mkdir -p "$GSPO_LOG_DIR" || {
+    echo "error: cannot create the log directory $GSPO_LOG_DIR" >&2
+    exit 1
+  }
+  GSPO_JOB_LOG="${GSPO_LOG_DIR}/batch.log"
+  export GSPO_RUN_DIR GSPO_LOG_DIR GSPO_RESTART
+  gspo_log "run dir $GSPO_RUN_DIR, nodes ${SLURM_JOB_NODELIST:-?}, restart $GSPO_RESTART"
+}
+
+# Overrides of one grid point (pipelines/submit_grid.py writes one override per line).
+gspo_grid_overrides() {
+  GSPO_GRID_OVERRIDES=()
+  if [[ -n ${GSPO_GRID_DIR:-} && -n ${SLURM_ARRAY_TASK_ID:-} ]]; then
+    local file="${GSPO_GRID_DIR}/points/${SLURM_ARRAY_TASK_ID}.overrides"
+    [[ -r $file ]] || gspo_fail 2 "grid point file $file is missing"
+    mapfile -t GSPO_GRID_OVERRIDES <"$file"
+    gspo_log "grid point ${SLURM_ARRAY_TASK_ID}: ${GSPO_GRID_OVERRIDES[*]}"
+  fi
+}
+
+# Address other nodes reach NODE at: its Slurm NodeAddr (the host name on most clusters).
+gspo_node_addr() {
+  local addr
+  addr=$(scontrol show node -o "$1" 2>/dev/null | tr ' ' '\n' | sed -n 's/^NodeAddr=//p')
+  printf '%s\n' "${addr:-$1}"
+}
+
+# gspo_split_nodes MODE NUM_LEARNER_NODES NUM_ROLLOUT_NODES -> GSPO_LEARNER_NODES, GSPO_ROLLOUT_NODES.
+# colocated: every node runs both. disaggregated: the first NUM_LEARNER nodes learn, the next
+# NUM_ROLLOUT serve (NUM_ROLLOUT defaults to the rest).
+gspo_split_nodes() {
+  local mode=$1 num_learn=${2:-} num_roll=${3:-} total
+  mapfile -t GSPO_NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+  total=${#GSPO_NODES[@]}
+  case $mode in
+    colocated)
+      GSPO_LEARNER_NODES=("${GSPO_NODES[@]}")
+      GSPO_ROLLOUT_NODES=("${GSPO_NODES[@]}")
+      ;;
+    disaggregated)
+      [[ $num_learn =~ ^[1-9][0-9]*$ ]] \
+        || gspo_fail 2 "GSPO_NUM_LEARNER_NODES must be a positive integer in disaggregated mode, got '$num_learn'"
+      num_roll=${num_roll:-$((total - num_learn))}
+      [[ $num_roll =~ ^[1-9][0-9]*$ ]] \
+        || gspo_fail 2 "disaggregated mode needs at least one rollout node (job has $total nodes, $num_learn for learners)"
+      ((num_learn + num_roll <= total)) || gspo_fail 2 "disaggregated layout needs $num_learn learner \
++ $num_roll rollout nodes, the job has $total (sbatch --nodes=$((num_learn + num_roll)))"
+      ((num_learn + num_roll == total)) \
+        || gspo_log "warning: $((total - num_learn - num_roll)) node(s) of the job stay unused"
+      GSPO_LEARNER_NODES=("${GSPO_NODES[@]:0:num_learn}")
+      GSPO_ROLLOUT_NODES=("${GSPO_NODES[@]:num_learn:num_roll}")
+      ;;
+    *) gspo_fail 2 "GSPO_MODE must be 'colocated' or 'disaggregated', got '$mode'" ;;
+  esac
+  gspo_log "$mode: learner nodes ${GSPO_LEARNER_NODES[*]}; rollout nodes ${GSPO_ROLLOUT_NODES[*]}"
+}
+
+# srun options that put a step into the pyxis container when GSPO_CONTAINER_IMAGE is set.
+gspo_container_args() {
+  GSPO_CONTAINER_ARGS=()
+  if [[ -n ${GSPO_CONTAINER_IMAGE:-} ]]; then
+    # Named: each node unpacks the image once per job and later steps reuse it.
+    GSPO_CONTAINER_ARGS=("--container-image=${GSPO_CONTAINER_IMAGE}" "--container-name=gspo"
+      "--container-workdir=${GSPO_REPO}")
+    local mounts="${GSPO_REPO}:${GSPO_REPO},${GSPO_RUN_DIR}:${GSPO_RUN_DIR}"
+    GSPO_CONTAINER_ARGS+=("--container-mounts=${GSPO_CONTAINER_MOUNTS:-$mounts}")
+  fi
+}
+
+GSPO_STEP_PIDS=()
+GSPO_STEP_NAMES=()
+GSPO_MAIN_PID=""
+GSPO_PREEMPTED=0
+GSPO_REQUEUED=0
+GSPO_USR1_SENT_AT=0
+
+# gspo_start_step main|service NAME SRUN_OPTIONS... -- COMMAND...: one srun step in the
+# background, its output in $GSPO_LOG_DIR/NAME.r<restart>.log.
+gspo_start_step() {
+  local role=$1 name=$2 opts=()
+  shift 2
+  while (($#)) && [[ $1 != -- ]]; do
+    opts+=("$1")
+    shift
+  done
+  shift
+  gspo_container_args
+  srun --overlap --kill-on-bad-exit=1 --job-name="$name" \
+    --output="${GSPO_LOG_DIR}/${name}.r${GSPO_RESTART}.log" \
+    "${GSPO_CONTAINER_ARGS[@]}" "${opts[@]}" "$@" &
+  GSPO_STEP_PIDS+=("$!")
+  GSPO_STEP_NAMES+=("$name")
+  if [[ $role == main ]]; then GSPO_MAIN_PID=$!; fi
+  gspo_log "started $role step '$name' (srun pid $!): $*"
+}
+
+gspo_any_step_alive() {
+  local pid
+  for pid in "${GSPO_STEP_PIDS[@]}"; do
+    if kill -0 "$pid" 2>/dev/null; then return 0; fi
+  done
+  return 1
+}
+
+# Stop every running step: TERM through srun (it forwards to the tasks), KILL after the grace.
+gspo_stop_steps() {
+  local pid deadline
+  for pid in "${GSPO_STEP_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  deadline=$((SECONDS + ${GSPO_KILL_GRACE_S:-30}))
+  while gspo_any_step_alive && ((SECONDS < deadline)); do sleep 0.5; done
+  for pid in "${GSPO_STEP_PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  for pid in "${GSPO_STEP_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  GSPO_STEP_PIDS=()
+}
+
+# Slurm's warning before the time limit (or a preemption notice): ask the learner to checkpoint.
+gspo_on_usr1() {
+  GSPO_PREEMPTED=1
+  gspo_log "SIGUSR1 received (time limit or preemption ahead): asking the learner to checkpoint"
+  gspo_forward_usr1
+}
+
+# srun passes USR1 on to every task of the learner step. A rank that has not installed its
+# handler yet ignores it (inherited from the torchrun wrapper), so the supervisor repeats it.
+gspo_forward_usr1() {
+  GSPO_USR1_SENT_AT=$SECONDS
+  if [[ -n $GSPO_MAIN_PID ]]; then kill -USR1 "$GSPO_MAIN_PID" 2>/dev/null || true; fi
+}
+
+gspo_on_term() {
+  if ((GSPO_REQUEUED == 1)); then
+    gspo_log "this run of the job ends; it is requeued"
+    exit 0
+  fi
+  gspo_log "SIGTERM received (job cancelled or out of time): stopping every step"
+  GSPO_KILL_GRACE_S=${GSPO_KILL_GRACE_S:-10}
+  gspo_stop_steps
+  exit 143
+}
+
+gspo_install_traps() {
+  trap gspo_on_usr1 USR1
+  trap gspo_on_term TERM
+}
+
+# Requeue this job; Slurm restarts it (SLURM_RESTART_COUNT + 1) and the trainer resumes.
+gspo_requeue() {
+  local reason=${1:-learner checkpointed} max=${GSPO_MAX_REQUEUES:-20} job=$SLURM_JOB_ID
+  if [[ -n ${SLURM_ARRAY_JOB_ID:-} ]]; then job="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"; fi
+  ((GSPO_RESTART < max)) || gspo_fail "$GSPO_REQUEUE_EXIT_CODE" \
+    "$reason, but the job was already requeued $GSPO_RESTART times (GSPO_MAX_REQUEUES=$max)"
+  gspo_log "$reason; requeueing job $job (restart $((GSPO_RESTART + 1)))"
+  GSPO_REQUEUED=1
+  scontrol requeue "$job" || gspo_fail "$GSPO_REQUEUE_EXIT_CODE" \
+    "$reason, but 'scontrol requeue $job' failed; resubmit the job to resume"
+  # Slurm now ends this run of the job; wait for it rather than racing it with an exit code.
+  sleep 60
+  exit 0
+}
+
+# Did the learner exit to be requeued? torchrun turns a worker's exit code into 1, but writes
+# the worker's own code into the step log ("exitcode : 124").
+gspo_learner_checkpointed() {
+  local code=$1 log=$2
+  ((code == GSPO_REQUEUE_EXIT_CODE)) && return 0
+  ((code != 0)) && [[ -r $log ]] && grep -Eq "exitcode *: *${GSPO_REQUEUE_EXIT_CODE}\b" "$log"
+}
+
+# The main step ended with CODE: decide between success, requeue and failure.
+gspo_main_step_done() {
+  local name=$1 code=$2 log="${GSPO_LOG_DIR}/${1}.r${GSPO_RESTART}.log"
+  if ((code == 0)); then
+    gspo_log "main step '$name' finished"
+    gspo_stop_steps
+    gspo_log "job done"
+    exit 0
+  fi
+  if gspo_learner_checkpointed "$code" "$log"; then
+    GSPO_KILL_GRACE_S=${GSPO_KILL_GRACE_S:-10}
+    gspo_stop_steps
+    gspo_requeue
+  fi
+  if ((GSPO_PREEMPTED == 1)); then
+    gspo_fail "$code" "main step '$name' exited with code $code after SIGUSR1 without \
+checkpointing (exit $GSPO_REQUEUE_EXIT_CODE); not requeued; log: $log" "$log"
+  fi
+  gspo_fail "$code" "main step '$name' exited with code $code; log: $log" "$log"
+}
+
+# Poll the steps until the job is decided; wakes within a second for signals and exits.
+gspo_supervise() {
+  local i pid code log
+  while true; do
+    for i in "${!GSPO_STEP_PIDS[@]}"; do
+      pid=${GSPO_STEP_PIDS[$i]}
+      kill -0 "$pid" 2>/dev/null && continue
+      code=0
+      wait "$pid" || code=$?
+      if [[ $pid == "$GSPO_MAIN_PID" ]]; then
+        gspo_main_step_done "${GSPO_STEP_NAMES[$i]}" "$code"
+      fi
+      log="${GSPO_LOG_DIR}/${GSPO_STEP_NAMES[$i]}.r${GSPO_RESTART}.log"
+      gspo_fail "$code" "step '${GSPO_STEP_NAMES[$i]}' exited with code $code while the main step was running; log: $log" "$log"
+    done
+    if ((GSPO_PREEMPTED == 1 && SECONDS - GSPO_USR1_SENT_AT >= ${GSPO_USR1_REPEAT_S:-60})); then
+      gspo_log "learner still running after SIGUSR1; sending it again"
+      gspo_forward_usr1
+    fi
+    sleep 1 &
+    wait $! || true
+  done
+}
+
+# gspo_wait_healthy TIMEOUT_S URL...: every URL answers 200, or the job fails (also fails early
+# when a step dies while we wait).
+gspo_wait_healthy() {
+  local timeout=$1 pending deadline i code log
+  shift
+  pending=("$@")
+  deadline=$((SECONDS + timeout))
+  while ((${#pending[@]})); do
+    for i in "${!pending[@]}"; do
+      if curl -sf --max-time 5 -o /dev/null "${pending[$i]}"; then
+        gspo_log "healthy: ${pending[$i]}"
+        unset 'pending[i]'
+      fi
+    done
+    ((${#pending[@]})) || break
+    for i in "${!GSPO_STEP_PIDS[@]}"; do
+      kill -0 "${GSPO_STEP_PIDS[$i]}" 2>/dev/null && continue
+      code=0
+      wait "${GSPO_STEP_PIDS[$i]}" || code=$?
+      log="${GSPO_LOG_DIR}/${GSPO_STEP_NAMES[$i]}.r${GSPO_RESTART}.log"
+      gspo_fail "$code" "step '${GSPO_STEP_NAMES[$i]}' exited (code $code) before the servers were healthy; log: $log" "$log"
+    done
+    ((SECONDS < deadline)) || gspo_fail 1 "servers not healthy after ${timeout}s: ${pending[*]}"
+    sleep 2 &
+    wait $! || true
+  done
+}
+
+# Defaults shared by every profile; the job scripts set theirs before calling in.
+gspo_export_runtime_env() {
+  GSPO_PROFILE=${GSPO_PROFILE:-gpu}
+  export PYTHONUNBUFFERED=1
+  if [[ $GSPO_PROFILE == cpu ]]; then
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+    export CUDA_VISIBLE_DEVICES=""
+    return
+  fi
+  # Values already in the environment win, so a cluster's own NCCL settings pass through.
+  export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+  export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+  export NCCL_IB_DISABLE=${NCCL_IB_DISABLE:-0}
+  export NCCL_IB_TIMEOUT=${NCCL_IB_TIMEOUT:-22}
+  export NCCL_IB_RETRY_CNT=${NCCL_IB_RETRY_CNT:-7}
+  export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+  export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}
+  if [[ -n ${NCCL_IB_HCA:-} ]]; then export NCCL_IB_HCA; fi
+  if [[ -n ${NCCL_SOCKET_IFNAME:-} ]]; then
+    export NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$NCCL_SOCKET_IFNAME}
+  fi
+}
+
+# CPUs for each of N tasks on a node: the node's share of the job split evenly (steps must say
+# so explicitly; srun does not reliably inherit sbatch's --cpus-per-task).
+gspo_cpus_per_task() {
+  local cpus=$((${SLURM_CPUS_ON_NODE:-1} / $1))
+  echo $((cpus > 0 ? cpus : 1))
+}
+
+gspo_join() {
+  local IFS=$1
+  shift
+  printf '%s' "$*"
+}
+
+# Entry point of slurm/convert.sh and slurm/export.sh (after gspo_setup_run_dir): one process
+# on one node, supervised.
+gspo_single_step_main() {
+  local name=$1
+  shift
+  gspo_install_traps
+  gspo_export_runtime_env
+  gspo_start_step main "$name" --nodes=1 --ntasks=1 --cpus-per-task="$(gspo_cpus_per_task 1)" -- "$@"
+  gspo_supervise
+}

@@ -1,0 +1,365 @@
+"""The slurm/ job scripts and pipelines/ submitters against a real Slurm on this machine.
+
+Each module-scoped fixture starts a private cluster with tools/slurm_local.sh (one node named
+``localhost``, or two slurmd daemons named node1 and node2) and stops exactly that cluster
+afterwards. The trainer, converter, exporter and rollout server are small Python stand-ins
+(written below, passed through the GSPO_*_ENTRY variables the scripts document), so this file
+checks the Slurm mechanics alone: afterok ordering, the learner / server split over two nodes,
+step supervision, preemption -> checkpoint -> requeue -> resume, and job arrays.
+tests/test_slurm_pipeline.py runs the same path with the real entry points.
+
+Needs root and `tools/slurm_local.sh install` (Debian slurm-wlm + munge).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SLURM_LOCAL = REPO / "tools" / "slurm_local.sh"
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class SlurmCluster:
+    """A running private cluster: its state directory and the environment that talks to it."""
+
+    state_dir: Path
+    num_nodes: int
+
+    def env(self, **extra: str) -> Dict[str, str]:
+        """Our environment minus any outer Slurm job's variables, plus this cluster's config."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env.update(SLURM_CONF=str(self.state_dir / "slurm.conf"), GSPO_PYTHON=sys.executable,
+                   GSPO_KILL_GRACE_S="5", OMP_NUM_THREADS="1")
+        env.update(extra)
+        return env
+
+    def run(self, *cmd: str, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(cmd, cwd=REPO, env=self.env(**extra), capture_output=True, text=True, timeout=60)
+
+    def sbatch(self, *args: str, **extra: str) -> str:
+        proc = self.run("sbatch", "--parsable", *args, **extra)
+        assert proc.returncode == 0, f"sbatch failed: {proc.stderr}"
+        return proc.stdout.strip().split(";")[0]
+
+    def job(self, job_id: str) -> Dict[str, str]:
+        """``scontrol show job -o`` as a dict (JobState, ExitCode, Restarts, Dependency, ...)."""
+        out = self.run("scontrol", "show", "job", "-o", job_id).stdout
+        return dict(re.findall(r"(\w+)=(\S*)", out.splitlines()[0])) if out.strip() else {}
+
+    def wait(self, job_id: str, timeout_s: float = 120.0, release_requeued: bool = True) -> Dict[str, str]:
+        """Wait for a final state. Slurm holds a requeued job ~2 minutes (BeginTime);
+        ``release_requeued`` starts it at once instead, as an operator would."""
+        deadline = time.monotonic() + timeout_s
+        released = set()
+        while time.monotonic() < deadline:
+            info = self.job(job_id)
+            if info.get("JobState") in FINAL_STATES:
+                return info
+            if (release_requeued and info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime"
+                    and info.get("Restarts") not in released):
+                released.add(info.get("Restarts"))
+                # Not "now": slurmd refuses a launch credential from the second the old run was
+                # revoked in ("Job credential revoked"), which is what Slurm's hold guards against.
+                self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now+3")
+            time.sleep(0.5)
+        raise AssertionError(f"job {job_id} not finished after {timeout_s}s: {self.job(job_id)}")
+
+
+@contextlib.contextmanager
+def local_slurm(num_nodes: int, port: int) -> Iterator[SlurmCluster]:
+    """Start a private cluster with the repo script; stop it (and only it) afterwards."""
+    # munged runs as the munge user, so the state dir must be reachable by it (not under 0700 dirs).
+    state_dir = Path(tempfile.mkdtemp(prefix="gspo-slurm-", dir="/tmp"))
+    state_dir.chmod(0o755)
+    start = subprocess.run(["bash", str(SLURM_LOCAL), "start", "--nodes", str(num_nodes), "--port", str(port),
+                            str(state_dir)], capture_output=True, text=True, timeout=120)
+    try:
+        assert start.returncode == 0, (
+            f"tools/slurm_local.sh start failed (run `tools/slurm_local.sh install` as root first): {start.stderr}")
+        yield SlurmCluster(state_dir, num_nodes)
+    finally:
+        subprocess.run(["bash", str(SLURM_LOCAL), "stop", str(state_dir)], capture_output=True, timeout=120)
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def slurm1() -> Iterator[SlurmCluster]:
+    with local_slurm(1, 17817) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def slurm2() -> Iterator[SlurmCluster]:
+    with local_slurm(2, 17827) as cluster:
+        yield cluster
+
+
+# ---------------------------------------------------------------- stand-ins for the entry points
+
+FAKE_TRAINER = r'''
+"""Stand-in trainer: a step every FAKE_STEP_S, a /sync call per step to every server; on SIGUSR1
+it checkpoints and exits 124; it resumes from its checkpoint. Events go to trainer_events.jsonl."""
+import json, os, signal, sys, time, urllib.request
+overrides = dict(a.split("=", 1) for a in sys.argv[2:])
+run_dir = overrides["logging.run_dir"]
+num_steps = int(overrides.get("trainer.num_steps", "5"))
+ckpt = os.path.join(run_dir, "checkpoints", "state.json")
+os.makedirs(os.path.dirname(ckpt), exist_ok=True)
+start = json.load(open(ckpt))["step"] if os.path.exists(ckpt) else 0
+stop = []
+signal.signal(signal.SIGUSR1, lambda *_: stop.append(1))
+def record(kind, **kw):
+    with open(os.path.join(run_dir, "trainer_events.jsonl"), "a") as f:
+        f.write(json.dumps({"kind": kind, "time": time.time(), **kw}) + "\n")
+servers = [s for s in overrides.get("rollout.sglang.server_addresses", "[]").strip("[]").split(",") if s]
+record("start", config=sys.argv[1], overrides=overrides, start_step=start, pid=os.getpid(),
+       restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")), node=os.environ.get("SLURMD_NODENAME"),
+       world=os.environ.get("WORLD_SIZE"), sync_addr=os.environ.get("GSPO_WEIGHT_SYNC_ADDR"))
+for step in range(start, num_steps):
+    if stop:
+        json.dump({"step": step}, open(ckpt, "w"))
+        record("checkpoint", step=step)
+        sys.exit(124)
+    for s in servers:
+        try:
+            urllib.request.urlopen(f"http://{s}/sync?step={step}", timeout=5).read()
+        except OSError as exc:
+            record("sync_error", step=step, error=str(exc))
+    time.sleep(float(os.environ.get("FAKE_STEP_S", "0.05")))
+    record("step", step=step)
+json.dump({"step": num_steps}, open(ckpt, "w"))
+record("done", steps=num_steps)
+'''
+
+FAKE_SERVER = r'''
+"""Stand-in rollout server: /health and /sync, each request logged with the node it ran on.
+With FAKE_SERVER_EXIT_ON_SYNC it exits with code 3 right after answering its first /sync."""
+import argparse, http.server, json, os, threading
+p = argparse.ArgumentParser()
+p.add_argument("--model-path"); p.add_argument("--host"); p.add_argument("--port", type=int)
+a = p.parse_args()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        with open(os.environ["FAKE_SERVER_LOG"], "a") as f:
+            f.write(json.dumps({"path": self.path, "node": os.environ.get("SLURMD_NODENAME"), "pid": os.getpid(),
+                                "model": a.model_path, "host": a.host, "port": a.port}) + "\n")
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+        if self.path.startswith("/sync") and os.environ.get("FAKE_SERVER_EXIT_ON_SYNC"):
+            threading.Timer(0.2, lambda: os._exit(3)).start()
+    def log_message(self, *args): pass
+http.server.HTTPServer((a.host, a.port), H).serve_forever()
+'''
+
+FAKE_STAGE = r'''
+"""Stand-in converter / exporter: records its arguments and times, writes a marker output."""
+import json, os, sys, time
+stage, args = sys.argv[1], sys.argv[2:]
+opts = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+t0 = time.time()
+if stage == "convert" and os.environ.get("FAKE_CONVERT_EXIT"):
+    sys.exit(int(os.environ["FAKE_CONVERT_EXIT"]))
+if stage == "export":
+    assert os.path.exists(os.path.join(opts["--checkpoint"], "state.json")), "no checkpoint to export"
+time.sleep(0.5)
+os.makedirs(opts["--out-dir"], exist_ok=True)
+json.dump({"stage": stage}, open(os.path.join(opts["--out-dir"], "marker.json"), "w"))
+with open(os.path.join(os.environ["GSPO_RUN_DIR"], "stages.jsonl"), "a") as f:
+    f.write(json.dumps({"stage": stage, "start": t0, "end": time.time(), "args": args,
+                        "job": os.environ.get("SLURM_JOB_ID")}) + "\n")
+'''
+
+
+@pytest.fixture(scope="module")
+def standins(tmp_path_factory) -> Dict[str, str]:
+    folder = tmp_path_factory.mktemp("standins")
+    paths = {}
+    for name, text in (("trainer", FAKE_TRAINER), ("server", FAKE_SERVER), ("stage", FAKE_STAGE)):
+        (folder / f"fake_{name}.py").write_text(text)
+        paths[name] = str(folder / f"fake_{name}.py")
+    return {
+        "GSPO_TRAIN_ENTRY": paths["trainer"],
+        "GSPO_ROLLOUT_ENTRY": paths["server"],
+        "GSPO_CONVERT_ENTRY": f"{paths['stage']} convert",
+        "GSPO_EXPORT_ENTRY": f"{paths['stage']} export",
+    }
+
+
+def read_jsonl(path: Path) -> List[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def batch_log(run_dir: Path, job_id: str) -> str:
+    return (run_dir / "logs" / job_id / "batch.log").read_text()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_pipeline_chain_runs_in_order_with_learner_and_server_on_two_nodes(slurm2, standins, tmp_path):
+    run_dir = tmp_path / "run"
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    server_log = tmp_path / "server.jsonl"
+    num_steps = 3
+    proc = slurm2.run(
+        sys.executable, "-m", "pipelines.submit_pipeline", "--profile", "cpu",
+        "--config", "configs/tiny_cpu.yaml", "--hf-dir", str(hf_dir), "--run-dir", str(run_dir),
+        "--train-sbatch-arg=--nodes=2", "--", f"trainer.num_steps={num_steps}",
+        GSPO_MODE="disaggregated", GSPO_NUM_LEARNER_NODES="1", FAKE_SERVER_LOG=str(server_log), **standins)
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((run_dir / "pipeline.json").read_text())
+    jobs = {j["name"]: j for j in record["jobs"]}
+    assert list(jobs) == ["convert", "train", "export"]
+    assert f"--dependency=afterok:{jobs['convert']['job_id']}" in jobs["train"]["command"]
+    assert f"--dependency=afterok:{jobs['train']['job_id']}" in jobs["export"]["command"]
+
+    for name in ("convert", "train", "export"):
+        info = slurm2.wait(jobs[name]["job_id"], timeout_s=150)
+        assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), (name, info)
+
+    stages = {s["stage"]: s for s in read_jsonl(run_dir / "stages.jsonl")}
+    events = read_jsonl(run_dir / "trainer_events.jsonl")
+    start = next(e for e in events if e["kind"] == "start")
+    done = next(e for e in events if e["kind"] == "done")
+    # afterok: each stage began only after the previous one ended.
+    assert stages["convert"]["end"] <= start["time"] and done["time"] <= stages["export"]["start"]
+    assert stages["convert"]["args"][stages["convert"]["args"].index("--hf-dir") + 1] == str(hf_dir)
+    assert start["overrides"]["checkpoint.load_dir"] == str(run_dir / "converted")
+    assert start["overrides"]["trainer.num_steps"] == str(num_steps)
+    assert stages["export"]["args"][stages["export"]["args"].index("--checkpoint") + 1] == str(run_dir / "checkpoints")
+    assert (run_dir / "hf_export" / "marker.json").exists()
+    # Two nodes: the learner on node1, the server on node2, a weight sync per step between them.
+    assert start["node"] == "node1" and start["world"] == "1" and start["sync_addr"] == "127.0.0.1"
+    assert start["overrides"]["rollout.sglang.server_addresses"] == "[127.0.0.1:31000]"
+    assert start["overrides"]["rollout.engine"] == "reference"
+    requests = read_jsonl(server_log)
+    assert {r["node"] for r in requests} == {"node2"} and requests[0]["path"] == "/health"
+    assert [r["path"] for r in requests if r["path"].startswith("/sync")] == [
+        f"/sync?step={i}" for i in range(num_steps)]
+    assert requests[0]["model"] == str(hf_dir) and requests[0]["host"] == "0.0.0.0"
+    train_log = batch_log(run_dir, jobs["train"]["job_id"])
+    assert "learner nodes node1; rollout nodes node2" in train_log and "job done" in train_log
+
+
+def test_failed_convert_keeps_the_rest_of_the_chain_from_running(slurm1, standins, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = slurm1.run(
+        sys.executable, "-m", "pipelines.submit_pipeline", "--profile", "cpu",
+        "--config", "configs/tiny_cpu.yaml", "--hf-dir", str(tmp_path), "--run-dir", str(run_dir),
+        FAKE_CONVERT_EXIT="5", **standins)
+    assert proc.returncode == 0, proc.stderr
+    jobs = {j["name"]: j["job_id"] for j in json.loads((run_dir / "pipeline.json").read_text())["jobs"]}
+    info = slurm1.wait(jobs["convert"])
+    assert (info["JobState"], info["ExitCode"]) == ("FAILED", "5:0")
+    assert "main step 'convert' exited with code 5" in batch_log(run_dir, jobs["convert"])
+    wait_for(lambda: slurm1.job(jobs["train"]).get("Reason") == "DependencyNeverSatisfied", 30,
+             "train to be marked DependencyNeverSatisfied")
+    assert slurm1.job(jobs["train"])["JobState"] == "PENDING"
+    assert not (run_dir / "trainer_events.jsonl").exists()
+    slurm1.run("scancel", jobs["train"], jobs["export"])
+
+
+def test_server_crash_fails_the_job_and_stops_the_learner_on_the_other_node(slurm2, standins, tmp_path):
+    run_dir = tmp_path / "run"
+    job = slurm2.sbatch(
+        "--nodes=2", f"--output={tmp_path}/job.out", "slurm/tiny_cpu.sh", "trainer.num_steps=100000",
+        GSPO_RUN_DIR=str(run_dir), GSPO_HF_DIR=str(tmp_path), GSPO_MODE="disaggregated",
+        GSPO_NUM_LEARNER_NODES="1", FAKE_SERVER_LOG=str(tmp_path / "server.jsonl"),
+        FAKE_SERVER_EXIT_ON_SYNC="1", FAKE_STEP_S="0.2", **standins)
+    info = slurm2.wait(job)
+    assert (info["JobState"], info["ExitCode"]) == ("FAILED", "3:0"), info
+    log = batch_log(run_dir, job)
+    assert "FAILED (exit code 3): step 'rollout' exited with code 3 while the main step was running" in log
+    events = read_jsonl(run_dir / "trainer_events.jsonl")
+    learner_pid = next(e["pid"] for e in events if e["kind"] == "start")
+    assert not any(e["kind"] == "done" for e in events)
+    wait_for(lambda: not pid_alive(learner_pid), 15, "the learner process to be gone")
+
+
+def test_preempted_training_checkpoints_requeues_and_resumes_to_the_full_step_count(slurm1, standins, tmp_path):
+    run_dir = tmp_path / "run"
+    num_steps = 40
+    job = slurm1.sbatch(
+        f"--output={tmp_path}/job.out", "slurm/tiny_cpu.sh", f"trainer.num_steps={num_steps}",
+        GSPO_RUN_DIR=str(run_dir), GSPO_SERVERS_PER_NODE="0", FAKE_STEP_S="0.1", **standins)
+    events_path = run_dir / "trainer_events.jsonl"
+    wait_for(lambda: events_path.exists() and '"step"' in events_path.read_text(), 90, "the first step")
+    # What Slurm does at --signal=B:USR1@T: SIGUSR1 to the batch shell only.
+    assert slurm1.run("scancel", "--signal=USR1", "--batch", job).returncode == 0
+    info = slurm1.wait(job, timeout_s=150)
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), info
+
+    events = read_jsonl(events_path)
+    starts = [e for e in events if e["kind"] == "start"]
+    checkpoint = next(e for e in events if e["kind"] == "checkpoint")
+    assert [s["restart"] for s in starts] == [0, 1]
+    assert 0 < checkpoint["step"] < num_steps and starts[1]["start_step"] == checkpoint["step"]
+    steps = [e["step"] for e in events if e["kind"] == "step"]
+    assert steps == list(range(num_steps)), "every step exactly once, as in an uninterrupted run"
+    assert events[-1] == {**events[-1], "kind": "done", "steps": num_steps}
+    log = batch_log(run_dir, job)
+    assert "SIGUSR1 received" in log and "requeueing job" in log and "job done" in log
+
+
+GRID_TASK = """#!/usr/bin/env bash
+#SBATCH --ntasks=1
+#SBATCH --cpus-per-task=1
+set -euo pipefail
+source "$GSPO_REPO/slurm/lib.sh"
+gspo_require_slurm
+gspo_setup_run_dir
+gspo_grid_overrides
+printf '%s\\n' "${GSPO_GRID_OVERRIDES[@]}" >"$GSPO_RUN_DIR/received.overrides"
+"""
+
+
+def test_grid_job_array_gives_each_task_its_point(slurm1, tmp_path):
+    script = tmp_path / "grid_task.sh"
+    script.write_text(GRID_TASK)
+    grid_dir = tmp_path / "grid"
+    proc = slurm1.run(sys.executable, "-m", "pipelines.submit_grid", "--grid-dir", str(grid_dir),
+                      "--script", str(script), "--axis", "optimizer.lr=1e-6,2e-6",
+                      "--axis", "algo.loss=gspo,grpo", "--max-parallel", "2", "--", "trainer.num_steps=3")
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((grid_dir / "grid.json").read_text())
+    job = record["job"]["job_id"]
+    assert len(record["points"]) == 4
+    for point in record["points"]:
+        info = slurm1.wait(f"{job}_{point['index']}")
+        assert info["JobState"] == "COMPLETED", info
+        received = (Path(point["run_dir"]) / "received.overrides").read_text().split()
+        assert received == point["overrides"] and received[0] == "trainer.num_steps=3"
+    assert {tuple(p["overrides"][1:]) for p in record["points"]} == {
+        (f"optimizer.lr={lr}", f"algo.loss={loss}") for lr in ("1e-6", "2e-6") for loss in ("gspo", "grpo")}
