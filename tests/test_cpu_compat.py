@@ -36,6 +36,7 @@ torch.cuda.synchronize()
 assert torch.zeros([], device="cuda").device.type == "cpu"
 assert torch.ones(2).cuda().device.type == "cpu"
 assert torch.ones(2).to("cuda:0").device.type == "cpu"
+assert torch.zeros(2).type() == "torch.cuda.FloatTensor"  # what Megatron's optimizer checks
 from megatron.core.tensor_parallel import random as mrandom
 tracker = mrandom.CudaRNGStatesTracker()
 tracker.add("a", 123)

@@ -48,7 +48,8 @@ def tiny_assets(tmp_path_factory) -> Path:
 
 def small_run_overrides(assets: Path) -> List[str]:
     return [f"data.train_path={assets}/data/train.jsonl", "data.eval_path=null",
-            f"trainer.num_steps={NUM_STEPS}", "trainer.num_sft_steps=0", "trainer.eval_every_steps=0",
+            f"trainer.num_steps={NUM_STEPS}", "trainer.num_sft_steps=2", "trainer.sft_batch_size=8",
+            "trainer.eval_every_steps=0",
             "batch.num_prompts_per_step=4", "batch.num_mini_batches=1", "rollout.n_samples_per_prompt=2",
             "checkpoint.save_every_steps=0", "logging.wandb.enabled=false", "logging.plot=false"]
 

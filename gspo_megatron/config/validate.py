@@ -141,14 +141,21 @@ def validate_config(cfg, world_size: Optional[int] = None) -> None:
     check(ws.bucket_bytes > 0, "rollout.weight_sync.bucket_bytes", "must be > 0")
     check(ws.transport != "disk" or bool(ws.disk_dir), "rollout.weight_sync.disk_dir",
           "transport=disk needs a shared directory")
-    check(r.engine == "embedded" or ws.transport != "nccl" or r.mode == "disaggregated",
-          "rollout.weight_sync.transport", "nccl broadcast is for disaggregated servers; "
-          "colocated servers use 'tensor'")
+    check(r.engine != "embedded" or ws.transport in ("auto", "tensor", "disk"),
+          "rollout.weight_sync.transport", f"'{ws.transport}' needs server engines; the embedded "
+          "engine takes 'tensor' or 'disk'")
+
+    check(p.cp == 1, "parallel.cp", "context parallelism is not supported by the learner yet "
+          "(docs/learner.md); use tp+sp or pp for long sequences")
 
     # Precision.
     if m.fp8.enabled:
         check(m.transformer_impl in ("auto", "transformer_engine"), "model.fp8.enabled",
               "FP8 needs model.transformer_impl=transformer_engine (GPU)")
+        check(m.fp8.recipe != "delayed" or (m.fp8.num_layers_at_start_in_bf16 == 0
+                                            and m.fp8.num_layers_at_end_in_bf16 == 0),
+              "model.fp8.recipe", "the 'delayed' recipe cannot keep first/last layers in BF16 "
+              "(Megatron refuses it); set num_layers_at_start/end_in_bf16=0 or use 'tensorwise'")
     check(cfg.optimizer.lr > 0, "optimizer.lr", "must be > 0")
     check(cfg.optimizer.max_consecutive_nonfinite >= 1, "optimizer.max_consecutive_nonfinite",
           "must be >= 1")

@@ -95,13 +95,14 @@ def detect_launch_env(environ: Optional[dict] = None) -> LaunchEnv:
         return LaunchEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
                          env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)),
                          "torchrun")
-    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and int(env["SLURM_NTASKS"]) > 1:
         addr = env.get("MASTER_ADDR") or _first_slurm_host(env.get("SLURM_JOB_NODELIST", "localhost"))
         default_port = 20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000
         return LaunchEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]),
                          int(env.get("SLURM_LOCALID", 0)), addr,
                          int(env.get("MASTER_PORT", default_port)), "slurm")
-    return LaunchEnv(0, 1, 0, "127.0.0.1", int(env.get("MASTER_PORT", 0)) or free_port(), "single")
+    # One process (a plain call, or a one-task Slurm step) needs no reachable master: loopback.
+    return LaunchEnv(0, 1, 0, "127.0.0.1", free_port(), "single")
 
 
 def free_port() -> int:
