@@ -45,6 +45,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     from gspo_megatron.config import ConfigError, load_config, save_config
     from gspo_megatron.data.records import DataLoadError
+    from gspo_megatron.rewards.registry import RewardLookupError
     from gspo_megatron.distributed.runtime import detect_launch_env, init_distributed, shutdown_distributed
 
     overrides = list(args.overrides) + (["checkpoint.resume=always"] if args.resume else [])
@@ -64,7 +65,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             parts = build_parts(cfg, runtime)
             return run_training(parts)
-        except (ConfigError, DataLoadError) as exc:
+        except (ConfigError, DataLoadError, RewardLookupError) as exc:
             log.error("%s", exc)
             return EXIT_CONFIG
         except NonFiniteTrainingError as exc:
