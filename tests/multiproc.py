@@ -9,6 +9,7 @@ rank's traceback; a hang fails it after ``timeout_s``. Only processes started he
 
 from __future__ import annotations
 
+import io
 import os
 import queue
 import traceback
@@ -26,7 +27,11 @@ def _worker(fn, rank: int, world_size: int, port: int, kwargs: dict, results) ->
 
     torch.set_num_threads(1)
     try:
-        results.put((rank, "ok", fn(rank, **kwargs)))
+        # Serialised to bytes here: tensors sent through the queue as-is travel as shared file
+        # descriptors that the parent can only open while this process is still alive.
+        buf = io.BytesIO()
+        torch.save(fn(rank, **kwargs), buf)
+        results.put((rank, "ok", buf.getvalue()))
     except BaseException:  # report every failure, including SystemExit, to the parent
         results.put((rank, "error", traceback.format_exc()))
     finally:
@@ -58,7 +63,9 @@ def run_on_ranks(fn: Callable[..., Any], world_size: int = 2, timeout_s: float =
                               f"{sorted(set(range(world_size)) - set(out))}")
                 break
             if status == "ok":
-                out[rank] = value
+                import torch
+
+                out[rank] = torch.load(io.BytesIO(value), weights_only=False)
             else:
                 errors.append(f"rank {rank} failed:\n{value}")
                 break

@@ -176,10 +176,10 @@ t0 = time.time()
 if stage == "convert" and os.environ.get("FAKE_CONVERT_EXIT"):
     sys.exit(int(os.environ["FAKE_CONVERT_EXIT"]))
 if stage == "export":
-    assert os.path.exists(os.path.join(opts["--checkpoint"], "state.json")), "no checkpoint to export"
+    assert os.path.exists(os.path.join(opts["--ckpt"], "state.json")), "no checkpoint to export"
 time.sleep(0.5)
-os.makedirs(opts["--out-dir"], exist_ok=True)
-json.dump({"stage": stage}, open(os.path.join(opts["--out-dir"], "marker.json"), "w"))
+os.makedirs(opts["--out"], exist_ok=True)
+json.dump({"stage": stage}, open(os.path.join(opts["--out"], "marker.json"), "w"))
 with open(os.path.join(os.environ["GSPO_RUN_DIR"], "stages.jsonl"), "a") as f:
     f.write(json.dumps({"stage": stage, "start": t0, "end": time.time(), "args": args,
                         "job": os.environ.get("SLURM_JOB_ID")}) + "\n")
@@ -258,7 +258,7 @@ def test_pipeline_chain_runs_in_order_with_learner_and_server_on_two_nodes(slurm
     assert stages["convert"]["args"][stages["convert"]["args"].index("--hf-dir") + 1] == str(hf_dir)
     assert start["overrides"]["checkpoint.load_dir"] == str(run_dir / "converted")
     assert start["overrides"]["trainer.num_steps"] == str(num_steps)
-    assert stages["export"]["args"][stages["export"]["args"].index("--checkpoint") + 1] == str(run_dir / "checkpoints")
+    assert stages["export"]["args"][stages["export"]["args"].index("--ckpt") + 1] == str(run_dir / "checkpoints")
     assert (run_dir / "hf_export" / "marker.json").exists()
     # Two nodes: the learner on node1, the server on node2, a weight sync per step between them.
     assert start["node"] == "node1" and start["world"] == "1" and start["sync_addr"] == "127.0.0.1"

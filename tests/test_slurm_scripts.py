@@ -224,9 +224,11 @@ def test_server_that_dies_before_healthy_fails_the_job(tmp_path):
 
 
 def test_servers_that_never_get_healthy_time_out(tmp_path):
-    proc, calls = run_gpu_job(tmp_path, FAKE_CURL_EXIT="7", GSPO_HEALTH_TIMEOUT_S="1")
+    # 3 s, not 1 s: the fake srun must have recorded its pid before the job gives up on it.
+    proc, calls = run_gpu_job(tmp_path, FAKE_CURL_EXIT="7", GSPO_HEALTH_TIMEOUT_S="3")
     assert proc.returncode == 1
-    assert "servers not healthy after 1s: http://10.0.0.3:30000/health" in proc.stderr
+    assert "servers not healthy after 3s: http://10.0.0.3:30000/health" in proc.stderr
+    assert calls, "the server step was never started"
     with pytest.raises(ProcessLookupError):
         os.kill(calls[0]["pid"], 0)
 

@@ -89,9 +89,9 @@ class GSPOTrainer:
         if p.runtime.is_main:
             rollout = collect_rollout(p.sampler, p.engine, p.reward_runner, p.tokenizer, cfg,
                                       self.step)
-        else:
-            p.sampler.next_batch(cfg.batch.num_prompts_per_step)  # keep data position in step
         rollout = _broadcast_object(rollout, p)
+        if not p.runtime.is_main:  # every rank's sampler keeps the main rank's data position
+            p.sampler.next_batch(rollout.num_prompts_drawn)
         batch = rollout_to_sequence_batch(rollout)
         metrics = dict(rollout.metrics)
         if cfg.data.retire_solved_prompts:  # every rank, so the samplers stay identical

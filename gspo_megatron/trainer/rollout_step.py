@@ -31,6 +31,8 @@ class ScoredRollout:
     metrics: Dict[str, float] = field(default_factory=dict)
     group_rewards: Dict[str, List[float]] = field(default_factory=dict)
     """Rewards of every generated group, dropped ones included (for query-set refresh)."""
+    num_prompts_drawn: int = 0
+    """Prompts taken from the sampler (more than the batch when dynamic sampling refilled)."""
 
     @property
     def num_sequences(self) -> int:
@@ -69,6 +71,7 @@ def collect_rollout(sampler, engine, reward_runner, tokenizer, cfg, step: int) -
         if missing <= 0:
             break
         prompts = sampler.next_batch(missing)
+        out.num_prompts_drawn += len(prompts)
         params = SamplingParams.from_config(cfg.rollout,
                                             seed=generation_seed(cfg.trainer.seed, step, round_index))
         params = SamplingParams(**{**params.__dict__,
