@@ -23,11 +23,9 @@ from tests.multiproc import run_on_ranks
 LAYOUTS = {"tp2_sp": dict(tp=2, sp=True), "pp2": dict(pp=2), "ep2": dict(ep=2), "dp2": dict()}
 RESUME_FROM = {"tp2_sp": "ref", "pp2": "tp2_sp", "ep2": "ref", "dp2": "ref"}
 LP_ATOL, LOSS_RTOL, WEIGHT_ATOL = 2e-5, 1e-4, 2e-6
-# Open bug (docs/learner.md): with TP2 the expert data-parallel group (2) differs from the dense
-# one (1), and the expert optimizer's Adam moments on rank 1 are saved/loaded wrongly (weights,
-# loss and grad norm are right). TP2 loads it, PP2 loads TP2's checkpoint; both then take a
-# different Adam step, so weights after the resumed step are checked on the other layouts.
-RESUMED_WEIGHTS_EXACT = {"ep2", "dp2"}
+# Every layout, TP2 included: replicated experts reduce over the expert-DP group
+# (model/provider.py: mark_expert_params), so their optimizer state is exact on every rank.
+RESUMED_WEIGHTS_EXACT = set(LAYOUTS)
 
 
 def tiny_cfg(**parallel) -> GSPOConfig:

@@ -75,14 +75,8 @@ def test_loop_single_process(assets, tmp_path, algo, source):
 
 
 @pytest.mark.slow
-TP_EXPERT_BUG = ("known learner bug (issue #4): with tp=2 and etp=1 the replicated experts take "
-                 "different updates on the two TP ranks, so the synced (rank-0) weights differ from "
-                 "rank 1's; strict, so this fails loudly once it is fixed")
-
-
 @pytest.mark.parametrize("layout, algo, source", [
-    pytest.param(["parallel.tp=2", "parallel.sp=true"], "gspo", "learner",
-                 marks=pytest.mark.xfail(strict=True, reason=TP_EXPERT_BUG)),
+    (["parallel.tp=2", "parallel.sp=true"], "gspo", "learner"),
     (["parallel.ep=2", "algo.tis.enabled=true"], "grpo", "rollout"),
 ], ids=["tp2_gspo_learner", "ep2_grpo_rollout_tis"])
 def test_loop_two_gloo_ranks(assets, tmp_path, layout, algo, source):

@@ -206,7 +206,7 @@ def build_gpt_model(model: ModelConfig, parallel: ParallelConfig, *,
     if post_process is None:
         post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=vp_stage is None,
                                                              vp_stage=vp_stage)
-    return GPTModel(
+    gpt = GPTModel(
         config=config,
         transformer_layer_spec=build_layer_spec(model, config, vp_stage=vp_stage),
         vocab_size=padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by,
@@ -220,3 +220,23 @@ def build_gpt_model(model: ModelConfig, parallel: ParallelConfig, *,
         rotary_base=int(model.rope_theta),
         vp_stage=vp_stage,
     )
+    mark_expert_params(gpt)
+    return gpt
+
+
+def mark_expert_params(module) -> int:
+    """Reduce every routed expert's gradient over the expert-data-parallel group.
+
+    Megatron marks expert weights ``allreduce=False`` (expert-DP reduction) only when EP > 1;
+    with EP = 1 they join the dense DP buffers. But with TP > 1, SP and ETP = 1 each TP rank
+    feeds the (replicated) experts only its own sequence shard, so their gradients are partial
+    and must also be summed over the TP peers -- which are exactly the extra members of the
+    expert-DP group. Marking them always is correct in every layout (where ETP = TP the two
+    groups coincide) and keeps replicated experts identical on every rank.
+    """
+    count = 0
+    for name, param in module.named_parameters():
+        if ".experts." in name:
+            param.allreduce = False
+            count += 1
+    return count
