@@ -146,6 +146,9 @@ class TrainerParts:
             if self.cfg.logging.plot:
                 plot_history(self.logger.history, self.run_dir / "metrics.png")
             log.info("exported the final policy to %s", out)
+            table = before_after_table(self.logger.history)
+            if table:
+                log.info("held-out evaluation, before and after RL:\n%s", table)
 
     def close(self) -> None:
         if self.engine is not None:
@@ -175,6 +178,18 @@ def constant_learning_rate(learner: Learner, lr: float):
                 else:
                     g[key] = value
         sched.step(increment=0)  # re-apply the schedule's lr for its current step
+
+
+def before_after_table(history: List[Dict[str, float]]) -> str:
+    """First and last evaluated rows of the run, side by side ('' when nothing was evaluated)."""
+    evals = [row for row in history if "eval/accuracy" in row]
+    if not evals:
+        return ""
+    first, last = evals[0], evals[-1]
+    keys = [k for k in first if k.startswith("eval/") and k in last]
+    lines = [f"{'metric':<20} {'step ' + str(int(first['step'])):>12} {'step ' + str(int(last['step'])):>12}"]
+    lines += [f"{k:<20} {first[k]:>12.4f} {last[k]:>12.4f}" for k in keys]
+    return "\n".join(lines)
 
 
 def _weight_sync_address(sync_cfg) -> str:
