@@ -95,3 +95,29 @@ def test_padded_vocabulary_columns_are_masked_per_tp_slice():
     rank1 = mask_padded_vocab(logits, vocab_size=13, tp_rank=1)  # ids 8..15, 13.. padded
     assert (rank1[:, 5:] == MASKED_LOGIT).all() and (rank1[:, :5] == 0).all()
     assert (mask_padded_vocab(logits, vocab_size=6, tp_rank=1) == MASKED_LOGIT).all()
+
+
+def test_rows_layout_one_sequence_per_row_with_a_causal_mask():
+    batch = _batch([4, 3, 6, 3])
+    plans = [plan_step(batch, r, 2, max_tokens=13, pad_multiple=4, layout="rows")
+             for r in range(2)]
+    assert all(p.padded_len == 8 and p.rows_per_micro_batch == 1 for p in plans)  # 13 // 8
+    assert len(plans[0].micro_batches) == len(plans[1].micro_batches) == 2
+    assert sorted(i for p in plans for mb in p.micro_batches for i in mb.seq_ids) == [0, 1, 2, 3]
+    wide = plan_step(batch, 0, 1, max_tokens=100, layout="rows")
+    mb = wide.micro_batches[0]
+    assert wide.rows_per_micro_batch == 4 and mb.tokens.shape == (4, 6) and mb.layout == "rows"
+    assert mb.tokens[1].tolist() == [10, 11, 12, 0, 0, 0]
+    assert mb.position_ids[1].tolist() == list(range(6))
+    # response tokens of row 1 (sequence 1: 12) are predicted from flat position 6 + 1
+    flat_labels = mb.labels.reshape(-1)
+    expected = [t for i, n in enumerate([4, 3, 6, 3]) for t in batch.token_ids[i][2:n]]
+    assert flat_labels[mb.response_positions].tolist() == expected
+    assert mb.seq_index.tolist() == [0, 0, 1, 2, 2, 2, 2, 3]
+    assert mb.extras["old_logprobs"].tolist() == [0.0, 0.0, -1.0, -2.0, -2.0, -2.0, -2.0, -3.0]
+    mask = mb.causal_block_mask()
+    assert mask.shape == (1, 1, 6, 6) and torch.equal(mask[0, 0], torch.ones(6, 6).triu(1).bool())
+    with pytest.raises(ValueError, match="sequence 2 has 6 tokens.*max_tokens_per_micro_batch=5"):
+        plan_step(batch, 0, 1, max_tokens=5, layout="rows")
+    with pytest.raises(ValueError, match="unknown micro-batch layout 'thd'"):
+        plan_step(batch, 0, 1, max_tokens=5, layout="thd")

@@ -7,13 +7,20 @@ Rollouts are variable-length. Instead of padding every sequence to the longest o
    the same mini-batch, so no communication is needed),
 2. packs each rank's share into micro-batches of at most ``max_tokens_per_micro_batch`` tokens
    (dynamic batch size; first-fit-decreasing), and
-3. lays each micro-batch out as *one* row ``[1, S]`` of concatenated sequences, with
-   ``cu_seqlens`` boundaries. Transformer Engine attends per sequence through packed-sequence
-   (THD) metadata; Megatron's local attention gets the equivalent block-diagonal causal mask.
+3. lays each micro-batch out in one of two layouts:
 
-Every micro-batch of a step has the same padded length ``S`` (the longest packed micro-batch on
-any rank, rounded up to ``pad_multiple``), and every rank runs the same number of micro-batches
-(short ranks get empty, fully masked ones). Pipeline schedules send fixed-shape activations and
+   - ``packed`` (Transformer Engine): *one* row ``[1, S]`` of concatenated sequences with
+     ``cu_seqlens`` boundaries; TE attends per sequence through packed-sequence (THD) metadata.
+   - ``rows`` (Megatron's local attention, i.e. CPU): ``[R, L]``, one sequence per row padded to
+     the step's longest sequence ``L``, ``R = max_tokens // L`` rows per micro-batch, and a plain
+     causal mask. The local attention has no THD support, and the block-diagonal ``[S, S]`` mask
+     that would emulate it costs ``O(S^2)`` for sequences of ``O(L)`` tokens: measured 2-3x
+     slower per step on the tiny CPU run. Row positions are the per-sequence positions, so RoPE
+     is exact, and padding sits at the end of a row where causal queries never look.
+
+Every micro-batch of a step has the same shape (``S``, or ``R x L``: the longest packed
+micro-batch or sequence on any rank, rounded up to ``pad_multiple``), and every rank runs the
+same number of micro-batches (short ranks get empty, fully masked ones). Pipeline schedules send fixed-shape activations and
 the expert dispatcher gathers across ranks, so this uniformity is what lets one step run on every
 layout; the cost is padding only at the tail of micro-batches.
 
@@ -114,9 +121,13 @@ def pack_by_tokens(indices: Sequence[int], lengths: Sequence[int], max_tokens: i
     return [sorted(b) for b in bins]
 
 
+LAYOUTS = ("packed", "rows")
+
+
 @dataclass
 class MicroBatch:
-    """One packed row. Shapes: tokens/labels/position_ids [1, S]; response tensors [N]."""
+    """One micro-batch. Shapes: tokens/labels/position_ids [1, S] (packed) or [R, L] (rows);
+    response tensors [N], indexing the flattened row-major ``[R * L]`` positions."""
 
     seq_ids: List[int]
     """Indices into the SequenceBatch, in packing order."""
@@ -125,7 +136,8 @@ class MicroBatch:
     """Next token at every position (garbage at sequence ends and padding; never selected)."""
     position_ids: torch.Tensor
     cu_seqlens: torch.Tensor
-    """int32 [num_seqs + 2]: boundaries of each sequence and of the trailing padding block."""
+    """int32 [num_seqs + 2]: boundaries of each sequence and of the trailing padding block
+    (packed); the row boundaries of the flattened micro-batch (rows)."""
     response_positions: torch.Tensor
     """int64 [N]: positions in the row whose logits predict a response token, by sequence."""
     seq_index: torch.Tensor
@@ -133,14 +145,19 @@ class MicroBatch:
     num_real_tokens: int
     extras: dict = field(default_factory=dict)
     """Per-response-token tensors [N] gathered from the batch: advantages, old_logprobs, ..."""
+    layout: str = "packed"
 
     @property
     def num_seqs(self) -> int:
         return len(self.seq_ids)
 
     def causal_block_mask(self) -> torch.Tensor:
-        """[1, 1, S, S] bool, True where attention is *not* allowed (Megatron's convention)."""
+        """[1, 1, S, S] bool, True where attention is *not* allowed (Megatron's convention).
+
+        Rows: plain causal, shared by every row. Packed: causal inside each sequence only."""
         length = self.tokens.shape[1]
+        if self.layout == "rows":
+            return torch.ones(length, length, dtype=torch.bool).triu(1).view(1, 1, length, length)
         seg = torch.zeros(length, dtype=torch.int64)
         bounds = self.cu_seqlens.tolist()
         for k in range(len(bounds) - 1):
@@ -206,6 +223,37 @@ def build_micro_batch(batch: SequenceBatch, seq_ids: List[int], padded_len: int,
         extras={k: cat(v, torch.float32) for k, v in extras.items()})
 
 
+def build_row_micro_batch(batch: SequenceBatch, seq_ids: List[int], num_rows: int, row_len: int,
+                          pad_token_id: int = 0) -> MicroBatch:
+    """Lay ``seq_ids`` out one per row of ``row_len`` tokens, ``num_rows`` rows (empty rows pad)."""
+    if len(seq_ids) > num_rows:
+        raise ValueError(f"{len(seq_ids)} sequences do not fit {num_rows} rows")
+    tokens = torch.full((num_rows, row_len), pad_token_id, dtype=torch.int64)
+    positions, seq_index, real = [], [], 0
+    extras: dict = {k: [] for k in ("advantages", "old_logprobs", "rollout_logprobs", "ref_logprobs")
+                    if getattr(batch, k) is not None}
+    for row, i in enumerate(seq_ids):
+        ids = _as_tensor(batch.token_ids[i], torch.int64)
+        length, prompt = ids.numel(), batch.prompt_lens[i]
+        if length > row_len:
+            raise ValueError(f"sequence {i} has {length} tokens, more than the row length {row_len}")
+        tokens[row, :length] = ids
+        positions.append(torch.arange(prompt - 1, length - 1) + row * row_len)
+        seq_index.append(torch.full((length - prompt,), row, dtype=torch.int64))
+        for key in extras:
+            extras[key].append(_per_token_advantage(batch, i) if key == "advantages"
+                               else _as_tensor(getattr(batch, key)[i], torch.float32))
+        real += length
+    cat = (lambda xs, dtype: torch.cat(xs) if xs else torch.zeros(0, dtype=dtype))
+    return MicroBatch(
+        seq_ids=list(seq_ids), tokens=tokens, labels=torch.roll(tokens, -1, dims=1),
+        position_ids=torch.arange(row_len).expand(num_rows, row_len).clone(),
+        cu_seqlens=torch.arange(0, (num_rows + 1) * row_len, row_len, dtype=torch.int32),
+        response_positions=cat(positions, torch.int64), seq_index=cat(seq_index, torch.int64),
+        num_real_tokens=real, extras={k: cat(v, torch.float32) for k, v in extras.items()},
+        layout="rows")
+
+
 @dataclass
 class StepPlan:
     """What one rank runs in one step, and the global normalisers of the mini-batch."""
@@ -217,23 +265,57 @@ class StepPlan:
     """Response tokens in the whole mini-batch (all ranks)."""
     rank_seq_ids: List[List[int]]
     """Sequence indices assigned to every DP rank (for gathering results back)."""
+    rows_per_micro_batch: int = 1
+    """Megatron's ``micro_batch_size``: 1 when packed, ``R`` in the rows layout."""
 
 
 def plan_step(batch: SequenceBatch, dp_rank: int, dp_size: int, max_tokens: int,
               pad_multiple: int = 1, pad_token_id: int = 0,
-              num_micro_multiple: int = 1) -> StepPlan:
+              num_micro_multiple: int = 1, layout: str = "packed") -> StepPlan:
     """Split, pack and lay out this rank's micro-batches so that all ranks agree on shapes."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown micro-batch layout {layout!r}; expected one of {LAYOUTS}")
     if len(batch) < dp_size:
         raise ValueError(f"a batch of {len(batch)} sequences cannot feed {dp_size} "
                          "data-parallel ranks")
     lengths = [batch.seq_len(i) for i in range(len(batch))]
     shares = split_across_dp(lengths, dp_size)
+    if layout == "rows":
+        return _plan_rows(batch, shares, lengths, dp_rank, max_tokens, pad_multiple,
+                          pad_token_id, num_micro_multiple)
     bins_per_rank = [pack_by_tokens(s, lengths, max_tokens) for s in shares]
     longest = max(sum(lengths[i] for i in b) for bins in bins_per_rank for b in bins)
-    padded_len = -(-longest // pad_multiple) * pad_multiple
-    num_micro = max(len(bins) for bins in bins_per_rank)
-    num_micro = -(-num_micro // num_micro_multiple) * num_micro_multiple
+    padded_len = _round_up(longest, pad_multiple)
+    num_micro = _round_up(max(len(bins) for bins in bins_per_rank), num_micro_multiple)
     mine = bins_per_rank[dp_rank] + [[]] * (num_micro - len(bins_per_rank[dp_rank]))
     micro = [build_micro_batch(batch, b, padded_len, pad_token_id) for b in mine]
     return StepPlan(micro_batches=micro, padded_len=padded_len, global_num_seqs=len(batch),
                     global_num_tokens=batch.num_response_tokens, rank_seq_ids=shares)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _plan_rows(batch: SequenceBatch, shares: List[List[int]], lengths: List[int], dp_rank: int,
+               max_tokens: int, pad_multiple: int, pad_token_id: int,
+               num_micro_multiple: int) -> StepPlan:
+    """Rows layout: ``R = max_tokens // L`` sequences per micro-batch, longest first."""
+    longest = max(lengths)
+    if longest > max_tokens:
+        worst = lengths.index(longest)
+        raise ValueError(f"sequence {worst} has {longest} tokens, more than "
+                         f"batch.max_tokens_per_micro_batch={max_tokens}")
+    row_len = _round_up(longest, pad_multiple)
+    rows = max(1, max_tokens // row_len)
+    bins_per_rank = []
+    for share in shares:  # similar lengths share a micro-batch; order does not change results
+        ordered = sorted(share, key=lambda i: (-lengths[i], i))
+        bins_per_rank.append([sorted(ordered[k:k + rows]) for k in range(0, len(ordered), rows)])
+    num_micro = _round_up(max(len(bins) for bins in bins_per_rank), num_micro_multiple)
+    mine = bins_per_rank[dp_rank] + [[]] * (num_micro - len(bins_per_rank[dp_rank]))
+    rows = min(rows, max(len(b) for bins in bins_per_rank for b in bins))  # no all-pad rows
+    micro = [build_row_micro_batch(batch, b, rows, row_len, pad_token_id) for b in mine]
+    return StepPlan(micro_batches=micro, padded_len=row_len, global_num_seqs=len(batch),
+                    global_num_tokens=batch.num_response_tokens, rank_seq_ids=shares,
+                    rows_per_micro_batch=rows)

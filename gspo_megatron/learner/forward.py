@@ -2,10 +2,10 @@
 
 Attention metadata depends on the backend, not on the data: Transformer Engine gets the packed
 row's ``cu_seqlens`` as THD :class:`PackedSeqParams` (it resets RoPE positions and attends per
-sequence), Megatron's local attention gets the equivalent ``[1, 1, S, S]`` block-diagonal causal
-mask. Local RoPE then runs on row positions rather than per-sequence ones, which is exact in
-value (RoPE scores depend only on the distance between query and key, and the mask keeps every
-pair inside one sequence) and differs only by float rounding of the angles.
+sequence). Megatron's local attention gets the ``rows`` layout (one sequence per row) and a
+causal mask; a packed row still works there through the equivalent block-diagonal mask, with
+RoPE on row positions (exact in value: scores depend only on the query-key distance inside a
+sequence).
 
 Log-probs: the output layer's vocabulary is padded (``make_vocab_size_divisible_by`` x TP);
 padded columns are not part of the Hugging Face model or of the rollout engine's softmax, so
@@ -37,7 +37,7 @@ def packed_seq_params(mb: MicroBatch):
 
 
 def forward_chunk(chunk, mb: MicroBatch, use_packed_seq: bool, device: torch.device) -> torch.Tensor:
-    """Run one model chunk. Last stage: logits ``[1, S, V_local]``; otherwise hidden states."""
+    """Run one model chunk. Last stage: logits ``[R, S, V_local]``; otherwise hidden states."""
     tokens = mb.tokens.to(device, non_blocking=True)
     position_ids = mb.position_ids.to(device, non_blocking=True)
     if use_packed_seq:
@@ -66,9 +66,10 @@ def response_logprobs(logits: torch.Tensor, mb: MicroBatch, vocab_size: int, tp_
     from gspo_megatron.algorithms.logprobs import vocab_parallel_logprobs_entropy
 
     positions = mb.response_positions.to(logits.device)
-    selected = logits[0].index_select(0, positions)  # [N, V_local]
+    flat = logits.reshape(-1, logits.shape[-1])  # row-major [R * S, V_local]
+    selected = flat.index_select(0, positions)  # [N, V_local]
     selected = mask_padded_vocab(selected, vocab_size, tp_rank)
-    targets = mb.labels[0].to(logits.device).index_select(0, positions)
+    targets = mb.labels.reshape(-1).to(logits.device).index_select(0, positions)
     return vocab_parallel_logprobs_entropy(selected, targets, tp_group=tp_group,
                                            compute_entropy=compute_entropy,
                                            temperature=temperature)

@@ -118,7 +118,8 @@ class Learner:
         multiple = self.cfg.parallel.pp if self.cfg.parallel.vpp else 1
         return plan_step(batch, self.dp_rank, self.dp_size,
                          self.cfg.batch.max_tokens_per_micro_batch,
-                         pad_multiple=self._pad_multiple(), num_micro_multiple=multiple)
+                         pad_multiple=self._pad_multiple(), num_micro_multiple=multiple,
+                         layout="packed" if self.use_packed_seq else "rows")
 
     # ---- running the schedule -------------------------------------------------------------
 
@@ -134,7 +135,8 @@ class Learner:
 
         return get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=data, model=self.model,
-            num_microbatches=len(mbs), seq_length=plan.padded_len, micro_batch_size=1,
+            num_microbatches=len(mbs), seq_length=plan.padded_len,
+            micro_batch_size=plan.rows_per_micro_batch,
             forward_only=forward_only)
 
     def _logprobs(self, output, mb: MicroBatch, temperature: float, compute_entropy: bool):
