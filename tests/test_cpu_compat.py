@@ -50,6 +50,14 @@ assert torch.equal(after, before), "fork must restore the default generator"
 assert not torch.equal(inside, before), "the tracked state must be its own stream"
 import megatron.core.transformer.moe.moe_utils as mu
 assert mu.te_general_gemm is None
+from gspo_megatron.distributed.cpu_compat import device_redirect_suspended
+with device_redirect_suspended():  # the HF rollout engine runs without the per-call mode
+    try:
+        torch.zeros([], device="cuda")
+        raise SystemExit("the device redirect was still active inside the suspended block")
+    except (AssertionError, RuntimeError):
+        pass
+assert torch.zeros([], device="cuda").device.type == "cpu", "the redirect must come back"
 print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

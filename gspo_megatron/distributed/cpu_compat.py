@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, List
 
@@ -66,6 +67,24 @@ class CudaToCpuMode(TorchFunctionMode):
         if func is torch.Tensor.to and len(args) > 1:
             args = (args[0], _to_cpu_device(args[1])) + tuple(args[2:])
         return func(*args, **kwargs)
+
+
+@contextmanager
+def device_redirect_suspended():
+    """Run code that never calls Megatron without :class:`CudaToCpuMode` on this thread.
+
+    The mode sees every torch call of the thread, which costs ~4 us per call in Python. Code that
+    has no CUDA assumptions (the embedded Hugging Face rollout engine, evaluation) runs ~1.5x
+    faster on the tiny model without it. A no-op when the mode is not on top of the stack.
+    """
+    from torch.overrides import _get_current_function_mode_stack, _pop_mode_temporarily
+
+    stack = _get_current_function_mode_stack()
+    if not stack or not isinstance(stack[-1], CudaToCpuMode):
+        yield
+        return
+    with _pop_mode_temporarily():
+        yield
 
 
 # ---- the patches -----------------------------------------------------------------------------

@@ -94,6 +94,26 @@ def guarded_step(optimizer, clip_grad: float, loss_finite: bool) -> StepResult:
     return StepResult(updated=bool(updated), grad_norm=grad_norm)
 
 
+def reset_adam_state(optimizer) -> int:
+    """Forget Adam's moments and step counts, as if the optimizer were new; returns how many
+    parameter states were dropped.
+
+    Used between the cold-start SFT and RL: Adam's second moments, fitted to SFT's large
+    gradients, decay with ``beta2`` over ~1/(1-beta2) steps and meanwhile shrink every RL update
+    (measured on the tiny run, docs/tiny_cpu_run.md). torch's Adam re-creates the state lazily
+    at the next step, exactly as for a fresh optimizer; the distributed optimizer's fp32 main
+    parameters are kept.
+    """
+    dropped = 0
+    for opt in _sub_optimizers(optimizer):
+        inner = getattr(opt, "optimizer", None)
+        if inner is None or getattr(opt, "is_stub_optimizer", False):
+            continue
+        dropped += len(inner.state)
+        inner.state.clear()
+    return dropped
+
+
 def current_lr(optimizer) -> Optional[float]:
     for group in optimizer.param_groups:
         return float(group["lr"])

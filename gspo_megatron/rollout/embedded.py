@@ -46,7 +46,7 @@ class GeneratedRow:
 class EmbeddedEngine(RolloutEngine):
     """Rollouts with a transformers causal LM living in this process."""
 
-    def __init__(self, model, tokenizer=None, max_batch_size: int = 64,
+    def __init__(self, model, tokenizer=None, max_batch_size: int = 256,
                  logprob_mode: str = "scaled", weight_version: Optional[str] = None) -> None:
         super().__init__()
         if logprob_mode not in LOGPROB_MODES:
@@ -113,9 +113,11 @@ class EmbeddedEngine(RolloutEngine):
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; pass one to EmbeddedEngine")
         out: List[GeneratedRow] = []
+        from gspo_megatron.distributed.cpu_compat import device_redirect_suspended
+
         for start in range(0, len(prompts), self.max_batch_size):
             end = start + self.max_batch_size
-            with self._lock:
+            with self._lock, device_redirect_suspended():
                 out.extend(self._generate_rows(prompts[start:end], seeds[start:end], params))
         return out
 

@@ -30,11 +30,12 @@ def build_engine(cfg, model_path: Optional[str] = None, model=None, tokenizer=No
                  log_dir: Optional[str] = None) -> RolloutEngine:
     """An engine for ``cfg`` (a ``RolloutConfig``); the caller owns ``shutdown()``."""
     if cfg.engine == "embedded":
+        size = cfg.embedded_max_batch_size
         if model is not None:
-            return EmbeddedEngine(model, tokenizer)
+            return EmbeddedEngine(model, tokenizer, max_batch_size=size)
         if model_path is None:
             raise ValueError("rollout.engine=embedded needs a model or model.hf_path")
-        return EmbeddedEngine.from_pretrained(model_path)
+        return EmbeddedEngine.from_pretrained(model_path, max_batch_size=size)
     if cfg.engine == "sglang":
         return SGLangEngine.from_config(cfg.sglang, model_path, log_dir,
                                         enable_memory_saver=cfg.mode == "colocated")

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from gspo_megatron.learner.optimizer import reset_adam_state
 from gspo_megatron.trainer.batching import (rollout_to_sequence_batch, sft_batch,
                                             split_mini_batches, with_old_logprobs)
 from gspo_megatron.trainer.build import TrainerParts, constant_learning_rate
@@ -81,6 +82,8 @@ class GSPOTrainer:
                 if self.p.runtime.is_main and (i % 50 == 0 or i + 1 == t.num_sft_steps):
                     log.info("sft step %d/%d loss %.4f", i + 1, t.num_sft_steps,
                              metrics.get("loss", float("nan")))
+        if t.num_sft_steps and t.reset_optimizer_after_sft:
+            reset_adam_state(self.p.learner.optimizer)
 
     def rl_step(self) -> Dict[str, float]:
         cfg, p = self.cfg, self.p
