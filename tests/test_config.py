@@ -76,7 +76,9 @@ def test_missing_file_and_cycle_are_reported(tmp_path):
     (["parallel.vpp=2"], "virtual pipeline stages need parallel.pp > 1"),
     (["model.fp8.enabled=true", "model.transformer_impl=local"], "FP8 needs"),
     (["rollout.temperature=0"], "rollout.temperature: must be > 0"),
-    (["parallel.cp=2"], "context parallelism is not supported by the learner yet"),
+    (["parallel.cp=2", "data.max_prompt_tokens=513", "batch.max_tokens_per_micro_batch=578"],
+     "577 tokens padded to a multiple of 2\\*cp = 4 \\(580 tokens\\) for parallel.cp=2"),
+    (["parallel.cp=3"], "world size 8 is not divisible by tp\\*pp\\*cp = 1\\*1\\*3"),
     (["model.fp8.enabled=true", "model.fp8.recipe=delayed"], "'delayed' recipe cannot keep"),
     (["rollout.weight_sync.transport=nccl"], "'nccl' needs server engines"),
     (["rollout.weight_sync.transport=disk"], "transport=disk needs a shared directory"),
@@ -88,6 +90,14 @@ def test_inconsistent_layouts_and_settings_are_refused(overrides, message):
     base = ["model.num_experts=4", "parallel.world_size=8"]
     with pytest.raises(ConfigError, match=message):
         load_config(None, base + overrides)
+
+
+def test_context_parallel_layouts_are_accepted():
+    base = ["model.num_experts=4", "parallel.world_size=8"]
+    cfg = load_config(None, base + ["parallel.cp=2", "parallel.tp=2", "parallel.sp=true"])
+    assert cfg.parallel.cp == 2
+    load_config(None, base + ["parallel.cp=2", "data.max_prompt_tokens=513",
+                              "batch.max_tokens_per_micro_batch=580"])
 
 
 def test_all_problems_reported_together():

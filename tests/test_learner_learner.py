@@ -1,12 +1,13 @@
 """The Megatron learner on a tiny Qwen3-MoE, fp32, gloo.
 
 One single-process reference run, then one two-process run that walks through the layouts
-TP=2+SP, PP=2, EP=2 and DP=2 (re-initialising Megatron's parallel state between them) and checks,
-per layout, against the reference: per-token log-probs, the GSPO loss, the grad norm and every
-weight after one optimizer step; then it resumes from a full training checkpoint saved under a
-*different* layout (reference -> TP2, TP2 -> PP2, reference -> EP2 / DP2) and checks the next
-step's loss and the weights after it. The reference also checks that dynamic micro-batching by
-tokens gives the gradients of one large micro-batch, and the non-finite guard.
+TP=2+SP, PP=2, EP=2, CP=2 and DP=2 (re-initialising Megatron's parallel state between them) and
+checks, per layout, against the reference: per-token log-probs, the GSPO loss, the grad norm and
+every weight after one optimizer step; then it resumes from a full training checkpoint saved
+under a *different* layout (reference -> TP2 / EP2 / CP2, TP2 -> PP2, CP2 -> DP2) and checks the
+next step's loss and the weights after it. A 4-process run does the same for CP=2 combined with
+TP=2+SP, PP=2 and EP=2. The reference also checks that dynamic micro-batching by tokens gives the
+gradients of one large micro-batch, and the non-finite guard.
 """
 
 from __future__ import annotations
@@ -20,12 +21,17 @@ import torch
 from gspo_megatron.config.schema import GSPOConfig, ModelConfig, ParallelConfig
 from tests.multiproc import run_on_ranks
 
-LAYOUTS = {"tp2_sp": dict(tp=2, sp=True), "pp2": dict(pp=2), "ep2": dict(ep=2), "dp2": dict()}
-RESUME_FROM = {"tp2_sp": "ref", "pp2": "tp2_sp", "ep2": "ref", "dp2": "ref"}
+LAYOUTS = {"tp2_sp": dict(tp=2, sp=True), "pp2": dict(pp=2), "ep2": dict(ep=2),
+           "cp2": dict(cp=2), "dp2": dict()}
+RESUME_FROM = {"tp2_sp": "ref", "pp2": "tp2_sp", "ep2": "ref", "cp2": "ref", "dp2": "cp2"}
+# Context parallelism combined with the other layouts, on 4 processes.
+CP_COMBOS = {"cp2_tp2_sp": dict(cp=2, tp=2, sp=True), "cp2_pp2": dict(cp=2, pp=2),
+             "cp2_ep2": dict(cp=2, ep=2)}
+CP_COMBOS_RESUME_FROM = {"cp2_tp2_sp": "ref", "cp2_pp2": "cp2_tp2_sp", "cp2_ep2": "ref"}
 LP_ATOL, LOSS_RTOL, WEIGHT_ATOL = 2e-5, 1e-4, 2e-6
 # Every layout, TP2 included: replicated experts reduce over the expert-DP group
 # (model/provider.py: mark_expert_params), so their optimizer state is exact on every rank.
-RESUMED_WEIGHTS_EXACT = set(LAYOUTS)
+RESUMED_WEIGHTS_EXACT = set(LAYOUTS) | set(CP_COMBOS)
 
 
 def tiny_cfg(**parallel) -> GSPOConfig:
@@ -130,14 +136,16 @@ def _reference(rank: int, root: str) -> dict:
             "stopped": stopped, "guard_ckpt": os.path.isdir(f"{root}/guard/last_good")}
 
 
-def _layouts(rank: int, root: str, ref: dict) -> dict:
+def _layouts(rank: int, root: str, ref: dict, layouts=None, resume_from=None) -> dict:
     from megatron.core import parallel_state
 
     from gspo_megatron.distributed.runtime import init_distributed
     from gspo_megatron.learner.learner import Learner
 
+    layouts, resume_from = layouts or LAYOUTS, resume_from or RESUME_FROM
+    saved_by = set(resume_from.values()) - {"ref"}  # layouts whose step-1 checkpoint is resumed
     out = {}
-    for name, layout in LAYOUTS.items():
+    for name, layout in layouts.items():
         cfg = tiny_cfg(**layout)
         learner = Learner(cfg, init_distributed(cfg.parallel, seed=3), total_steps=10)
         learner.load_weights(f"{root}/init")
@@ -145,9 +153,9 @@ def _layouts(rank: int, root: str, ref: dict) -> dict:
         lp_diff = max(float((a - b).abs().max()) for a, b in zip(lp, ref["lp"]))
         m1 = learner.train_step(make_batch(0, old=ref["lp"]), _gspo())
         w1_diff = _max_weight_diff(learner, cfg, f"{root}/ref")
-        if name == "tp2_sp":
+        if name in saved_by:
             learner.save_checkpoint(f"{root}/{name}", extra={"cursor": 7})
-        extra = learner.load_checkpoint(f"{root}/{RESUME_FROM[name]}")
+        extra = learner.load_checkpoint(f"{root}/{resume_from[name]}")
         w_load_diff = _max_weight_diff(learner, cfg, f"{root}/ref")
         m2 = learner.train_step(make_batch(1, old=ref["lp2"]), _gspo())
         w2_diff = _max_weight_diff(learner, cfg, f"{root}/ref_step2")
@@ -185,6 +193,20 @@ def test_nonfinite_loss_skips_then_stops_with_checkpoint(reference):
 def test_parallel_layouts_match_single_process(reference):
     root, ref = reference
     results = run_on_ranks(_layouts, world_size=2, timeout_s=900, root=root, ref=ref)
+    assert sorted(name for r in results for name in r) == sorted(list(LAYOUTS) * 2)
+    _check_against_reference(results, ref)
+
+
+@pytest.mark.slow
+def test_context_parallel_with_tp_pp_ep_matches_single_process(reference):
+    root, ref = reference
+    results = run_on_ranks(_layouts, world_size=4, timeout_s=900, root=root, ref=ref,
+                           layouts=CP_COMBOS, resume_from=CP_COMBOS_RESUME_FROM)
+    assert sorted(name for r in results for name in r) == sorted(list(CP_COMBOS) * 4)
+    _check_against_reference(results, ref)
+
+
+def _check_against_reference(results: list, ref: dict) -> None:
     assert math.isfinite(ref["m1"]["loss"]) and ref["m1"]["loss"] != 0.0
     assert ref["m1"]["ratio_max"] != 1.0
     assert abs(ref["m1"]["loss"]) > 0.1 and abs(ref["m2"]["loss"]) > 0.1

@@ -108,6 +108,10 @@ def gspo_loss(inputs: PolicyLossInputs, cfg) -> LossOutput:
     seq_log_ratio = terms.seq_mean(_tis_grad_path(log_ratio, weights), inputs)
     ratio = torch.exp(seq_log_ratio)
     per_seq = -_clipped_objective(ratio, adv, cfg)
+    # Metric: the whole sequence's (TIS-weighted) value on every CP rank, so the [sum, count]
+    # reduction over CP ranks gives the same mean as one rank.
+    full_share = 1.0 if weights is None else terms.seq_mean(weights, inputs)
+    metrics["pg_loss"] = metric_mean(per_seq.detach() * full_share)
     if weights is not None or terms.cp_size(inputs) > 1:
         # Value scaled to this rank's share (its tokens' fraction, TIS-weighted), so values sum
         # over CP ranks to the objective and match gspo_token; the gradient is left untouched.
@@ -116,7 +120,6 @@ def gspo_loss(inputs: PolicyLossInputs, cfg) -> LossOutput:
         per_seq = per_seq - per_seq.detach() + share * per_seq.detach()
     low, high = _clip_masks(ratio, adv, cfg)
     metrics.update(terms.clip_metrics(low[inputs.seq_index], high[inputs.seq_index], inputs, ratio))
-    metrics["pg_loss"] = metric_mean(per_seq)
     return _finish(per_seq.sum(), inputs, cfg, inputs.global_num_seqs,
                    lambda x: _seq_mean_token_mean(x, inputs), metrics)
 
@@ -136,7 +139,7 @@ def gspo_token_loss(inputs: PolicyLossInputs, cfg) -> LossOutput:
     low, high = _clip_masks(ratio, adv, cfg)
     metrics.update(terms.clip_metrics(low, high, inputs, seq_ratio))
     aggregate = lambda x: _seq_mean_token_mean(x, inputs)  # noqa: E731
-    metrics["pg_loss"] = metric_mean(terms.seq_mean(per_token.detach(), inputs, over_cp=False))
+    metrics["pg_loss"] = metric_mean(terms.seq_mean(per_token.detach(), inputs))
     return _finish(aggregate(per_token), inputs, cfg, inputs.global_num_seqs, aggregate, metrics)
 
 

@@ -88,7 +88,10 @@ class ParallelConfig:
     etp: int = 1
     """Expert tensor-parallel size."""
     cp: int = 1
-    """Context-parallel size."""
+    """Context-parallel size: each sequence is split into 2*cp load-balanced chunks."""
+    cp_comm_type: Optional[str] = None
+    """Transformer Engine's context-parallel communication: p2p (ring; default), all_gather, a2a
+    or a2a+p2p. The local (CPU) attention always all-gathers keys/values."""
     sp: bool = False
     """Sequence parallelism (needs tp > 1; required for MoE with tp > 1)."""
     world_size: Optional[int] = None

@@ -45,6 +45,30 @@ def _get(cfg, dotted: str):
     return node
 
 
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
+
+
+def _check_context_parallel(cfg, check) -> None:
+    """Context parallelism splits every sequence into ``2 * cp`` chunks (load balancing)."""
+    m, p, b = cfg.model, cfg.parallel, cfg.batch
+    if p.cp == 1:
+        return
+    comm = p.cp_comm_type  # None: TE's default, p2p
+    check(comm in (None,) + CP_COMM_TYPES, "parallel.cp_comm_type",
+          f"'{comm}' is not one of {', '.join(CP_COMM_TYPES)}")
+    if comm in ("a2a", "a2a+p2p"):
+        check(m.num_attention_heads % (p.tp * p.cp) == 0, "parallel.cp_comm_type",
+              f"'{comm}' scatters attention heads over CP: tp*cp = {p.tp}*{p.cp} must divide "
+              f"model.num_attention_heads={m.num_attention_heads}")
+    multiple = 2 * p.cp * (p.tp if p.sp else 1)
+    longest = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
+    padded = -(-longest // multiple) * multiple
+    check(b.max_tokens_per_micro_batch >= padded, "batch.max_tokens_per_micro_batch",
+          f"{b.max_tokens_per_micro_batch} cannot hold one sequence of {longest} tokens padded "
+          f"to a multiple of 2*cp{'*tp' if p.sp else ''} = {multiple} ({padded} tokens) for "
+          f"parallel.cp={p.cp}")
+
+
 def validate_config(cfg, world_size: Optional[int] = None) -> None:
     """Raise ConfigError listing every inconsistency found; return None when all is well."""
     errors: List[str] = []
@@ -145,8 +169,7 @@ def validate_config(cfg, world_size: Optional[int] = None) -> None:
           "rollout.weight_sync.transport", f"'{ws.transport}' needs server engines; the embedded "
           "engine takes 'tensor' or 'disk'")
 
-    check(p.cp == 1, "parallel.cp", "context parallelism is not supported by the learner yet "
-          "(docs/learner.md); use tp+sp or pp for long sequences")
+    _check_context_parallel(cfg, check)
 
     # Precision.
     if m.fp8.enabled:

@@ -24,6 +24,11 @@ same number of micro-batches (short ranks get empty, fully masked ones). Pipelin
 the expert dispatcher gathers across ranks, so this uniformity is what lets one step run on every
 layout; the cost is padding only at the tail of micro-batches.
 
+Context parallelism (``cp_size > 1``): rows are padded to a multiple of ``2 * cp`` (packed: every
+sequence is, ``cu_seqlens_padded``), the full micro-batch is built as above, and then
+:func:`~gspo_megatron.learner.context_parallel.shard_micro_batch` keeps this CP rank's
+load-balanced chunks. ``StepPlan.padded_len`` stays the *full* length (Megatron divides by CP).
+
 Only response tokens carry loss: the log-prob of token ``j`` comes from position ``j - 1``, so a
 sequence with prompt length ``P`` and length ``L`` contributes positions ``P-1 .. L-2``.
 """
@@ -34,6 +39,11 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Union
 
 import torch
+
+from gspo_megatron.learner.context_parallel import (load_balanced_causal_mask,
+                                                    load_balanced_indices, padded_boundaries,
+                                                    response_token_index, shard_micro_batch,
+                                                    thd_partition_indices)
 
 TokenList = Union[Sequence[int], torch.Tensor]
 
@@ -127,7 +137,8 @@ LAYOUTS = ("packed", "rows")
 @dataclass
 class MicroBatch:
     """One micro-batch. Shapes: tokens/labels/position_ids [1, S] (packed) or [R, L] (rows);
-    response tensors [N], indexing the flattened row-major ``[R * L]`` positions."""
+    response tensors [N], indexing the flattened row-major ``[R * L]`` positions. Under context
+    parallelism they are this CP rank's share (``S / cp`` or ``L / cp`` columns per row)."""
 
     seq_ids: List[int]
     """Indices into the SequenceBatch, in packing order."""
@@ -146,20 +157,49 @@ class MicroBatch:
     extras: dict = field(default_factory=dict)
     """Per-response-token tensors [N] gathered from the batch: advantages, old_logprobs, ..."""
     layout: str = "packed"
+    cu_seqlens_padded: Optional[torch.Tensor] = None
+    """int32 [num_seqs + 2]: packed boundaries with every sequence padded to a multiple of
+    ``2 * cp`` (then ``cu_seqlens`` holds the real lengths' cumulative sums); None: no padding."""
+    full_seq_token_counts: Optional[torch.Tensor] = None
+    """int64 [num_seqs]: full response length per sequence, when this is a CP rank's share."""
+    token_index: Optional[torch.Tensor] = None
+    """int64 [N]: each response token's index inside its response, when this is a CP share."""
+    cp_size: int = 1
+    cp_rank: int = 0
 
     @property
     def num_seqs(self) -> int:
         return len(self.seq_ids)
 
+    def seq_token_counts(self) -> torch.Tensor:
+        """int64 [num_seqs]: response tokens per sequence, all CP ranks together."""
+        if self.full_seq_token_counts is not None:
+            return self.full_seq_token_counts
+        return torch.bincount(self.seq_index, minlength=self.num_seqs)
+
+    def response_token_index(self) -> torch.Tensor:
+        """int64 [N]: index of each (local) response token inside its sequence's response."""
+        if self.token_index is not None:
+            return self.token_index
+        return response_token_index(self.seq_index, self.num_seqs)
+
     def causal_block_mask(self) -> torch.Tensor:
         """[1, 1, S, S] bool, True where attention is *not* allowed (Megatron's convention).
 
-        Rows: plain causal, shared by every row. Packed: causal inside each sequence only."""
+        Rows: plain causal, shared by every row. Packed: causal inside each sequence only.
+        Rows under CP: ``[1, 1, S_local, S]``, this rank's queries against the all-gathered keys
+        (``context_parallel.load_balanced_causal_mask``)."""
         length = self.tokens.shape[1]
+        if self.cp_size > 1:
+            if self.layout != "rows":
+                raise ValueError("packed micro-batches under context parallelism need Transformer "
+                                 "Engine's THD attention (no dense mask)")
+            return load_balanced_causal_mask(length * self.cp_size, self.cp_size, self.cp_rank)
         if self.layout == "rows":
             return torch.ones(length, length, dtype=torch.bool).triu(1).view(1, 1, length, length)
         seg = torch.zeros(length, dtype=torch.int64)
-        bounds = self.cu_seqlens.tolist()
+        padded = self.cu_seqlens_padded
+        bounds = (self.cu_seqlens if padded is None else padded).tolist()
         for k in range(len(bounds) - 1):
             seg[bounds[k]:bounds[k + 1]] = k
         pos = torch.arange(length)
@@ -187,40 +227,45 @@ def _per_token_advantage(batch: SequenceBatch, i: int) -> torch.Tensor:
 
 
 def build_micro_batch(batch: SequenceBatch, seq_ids: List[int], padded_len: int,
-                      pad_token_id: int = 0) -> MicroBatch:
-    """Concatenate ``seq_ids`` into one row of ``padded_len`` tokens."""
+                      pad_token_id: int = 0, seq_multiple: int = 1) -> MicroBatch:
+    """Concatenate ``seq_ids`` into one row of ``padded_len`` tokens.
+
+    ``seq_multiple > 1`` (context parallelism on TE): every sequence starts at a multiple of it,
+    ``cu_seqlens_padded`` holds those offsets and ``cu_seqlens`` the real lengths' sums."""
     tokens = torch.full((padded_len,), pad_token_id, dtype=torch.int64)
     position_ids = torch.zeros(padded_len, dtype=torch.int64)
-    bounds, positions, seq_index = [0], [], []
+    positions, seq_index = [], []
     extras: dict = {k: [] for k in ("advantages", "old_logprobs", "rollout_logprobs", "ref_logprobs")
                     if getattr(batch, k) is not None}
-    offset = 0
+    seq_lengths = [batch.seq_len(i) for i in seq_ids]
+    real, bounds = padded_boundaries(seq_lengths, seq_multiple)
     for local, i in enumerate(seq_ids):
         ids = _as_tensor(batch.token_ids[i], torch.int64)
-        length, prompt = ids.numel(), batch.prompt_lens[i]
+        length, prompt, offset = ids.numel(), batch.prompt_lens[i], bounds[local]
         tokens[offset:offset + length] = ids
-        position_ids[offset:offset + length] = torch.arange(length)
+        position_ids[offset:bounds[local + 1]] = torch.arange(bounds[local + 1] - offset)
         positions.append(torch.arange(offset + prompt - 1, offset + length - 1))
         seq_index.append(torch.full((length - prompt,), local, dtype=torch.int64))
         for key in extras:
             extras[key].append(_per_token_advantage(batch, i) if key == "advantages"
                                else _as_tensor(getattr(batch, key)[i], torch.float32))
-        offset += length
-        bounds.append(offset)
-    if offset > padded_len:
-        raise ValueError(f"micro-batch of {offset} tokens does not fit padded length {padded_len}")
-    if offset < padded_len:
+    used = bounds[-1]
+    if used > padded_len:
+        raise ValueError(f"micro-batch of {used} tokens does not fit padded length {padded_len}")
+    if used < padded_len:  # the trailing padding block is one more (masked-off) "sequence"
+        real.append(real[-1] + padded_len - used)
         bounds.append(padded_len)
-        position_ids[offset:] = torch.arange(padded_len - offset)
+        position_ids[used:] = torch.arange(padded_len - used)
     labels = torch.roll(tokens, -1)
     cat = (lambda xs, dtype: torch.cat(xs) if xs else torch.zeros(0, dtype=dtype))
     return MicroBatch(
         seq_ids=list(seq_ids), tokens=tokens.view(1, -1), labels=labels.view(1, -1),
         position_ids=position_ids.view(1, -1),
-        cu_seqlens=torch.tensor(bounds, dtype=torch.int32),
+        cu_seqlens=torch.tensor(real, dtype=torch.int32),
         response_positions=cat(positions, torch.int64), seq_index=cat(seq_index, torch.int64),
-        num_real_tokens=offset,
-        extras={k: cat(v, torch.float32) for k, v in extras.items()})
+        num_real_tokens=sum(seq_lengths),
+        extras={k: cat(v, torch.float32) for k, v in extras.items()},
+        cu_seqlens_padded=torch.tensor(bounds, dtype=torch.int32) if seq_multiple > 1 else None)
 
 
 def build_row_micro_batch(batch: SequenceBatch, seq_ids: List[int], num_rows: int, row_len: int,
@@ -271,24 +316,53 @@ class StepPlan:
 
 def plan_step(batch: SequenceBatch, dp_rank: int, dp_size: int, max_tokens: int,
               pad_multiple: int = 1, pad_token_id: int = 0,
-              num_micro_multiple: int = 1, layout: str = "packed") -> StepPlan:
-    """Split, pack and lay out this rank's micro-batches so that all ranks agree on shapes."""
+              num_micro_multiple: int = 1, layout: str = "packed",
+              cp_size: int = 1, cp_rank: int = 0) -> StepPlan:
+    """Split, pack and lay out this rank's micro-batches so that all ranks agree on shapes.
+
+    Under context parallelism (``cp_size > 1``) every CP rank of a DP rank plans the same full
+    micro-batches and keeps its share of each; ``pad_multiple`` must then be a multiple of
+    ``2 * cp_size`` (the learner passes ``2 * cp * tp`` with SP)."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown micro-batch layout {layout!r}; expected one of {LAYOUTS}")
     if len(batch) < dp_size:
         raise ValueError(f"a batch of {len(batch)} sequences cannot feed {dp_size} "
                          "data-parallel ranks")
+    if cp_size > 1 and pad_multiple % (2 * cp_size):
+        raise ValueError(f"pad_multiple={pad_multiple} must be a multiple of 2*cp = {2 * cp_size}")
     lengths = [batch.seq_len(i) for i in range(len(batch))]
     shares = split_across_dp(lengths, dp_size)
     if layout == "rows":
-        return _plan_rows(batch, shares, lengths, dp_rank, max_tokens, pad_multiple,
+        plan = _plan_rows(batch, shares, lengths, dp_rank, max_tokens, pad_multiple,
                           pad_token_id, num_micro_multiple)
-    bins_per_rank = [pack_by_tokens(s, lengths, max_tokens) for s in shares]
-    longest = max(sum(lengths[i] for i in b) for bins in bins_per_rank for b in bins)
+    else:
+        plan = _plan_packed(batch, shares, lengths, dp_rank, max_tokens, pad_multiple,
+                            pad_token_id, num_micro_multiple, seq_multiple=2 * cp_size
+                            if cp_size > 1 else 1)
+    if cp_size > 1:
+        plan.micro_batches = [_cp_share(mb, cp_size, cp_rank) for mb in plan.micro_batches]
+    return plan
+
+
+def _cp_share(mb: MicroBatch, cp_size: int, cp_rank: int) -> MicroBatch:
+    if mb.layout == "rows":
+        columns = load_balanced_indices(mb.tokens.shape[1], cp_size, cp_rank)
+    else:
+        columns = thd_partition_indices(mb.cu_seqlens_padded.tolist(), cp_size, cp_rank)
+    return shard_micro_batch(mb, columns, cp_size, cp_rank)
+
+
+def _plan_packed(batch: SequenceBatch, shares: List[List[int]], lengths: List[int], dp_rank: int,
+                 max_tokens: int, pad_multiple: int, pad_token_id: int, num_micro_multiple: int,
+                 seq_multiple: int) -> StepPlan:
+    """Packed layout: token-budget bins, one row each (sequences padded to ``seq_multiple``)."""
+    sizes = [_round_up(n, seq_multiple) for n in lengths]
+    bins_per_rank = [pack_by_tokens(s, sizes, max_tokens) for s in shares]
+    longest = max(sum(sizes[i] for i in b) for bins in bins_per_rank for b in bins)
     padded_len = _round_up(longest, pad_multiple)
     num_micro = _round_up(max(len(bins) for bins in bins_per_rank), num_micro_multiple)
     mine = bins_per_rank[dp_rank] + [[]] * (num_micro - len(bins_per_rank[dp_rank]))
-    micro = [build_micro_batch(batch, b, padded_len, pad_token_id) for b in mine]
+    micro = [build_micro_batch(batch, b, padded_len, pad_token_id, seq_multiple) for b in mine]
     return StepPlan(micro_batches=micro, padded_len=padded_len, global_num_seqs=len(batch),
                     global_num_tokens=batch.num_response_tokens, rank_seq_ids=shares)
 

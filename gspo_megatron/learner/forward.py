@@ -25,26 +25,32 @@ MASKED_LOGIT = -1.0e9
 """Logit given to padded vocabulary entries: exp() underflows to exactly 0 without inf/NaN."""
 
 
-def packed_seq_params(mb: MicroBatch):
-    """THD metadata for Transformer Engine: one packed row, boundaries from ``cu_seqlens``."""
+def packed_seq_params(mb: MicroBatch, device: Optional[torch.device] = None):
+    """THD metadata for Transformer Engine: one packed row, boundaries from ``cu_seqlens``.
+
+    Under context parallelism the boundaries stay *global* (TE splits each sequence itself):
+    ``cu_seqlens`` are the real lengths' sums, ``cu_seqlens_padded`` the offsets of sequences
+    padded to a multiple of ``2 * cp``, and ``max_seqlen`` the longest padded sequence."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    cu = mb.cu_seqlens.to(torch.int32)
-    max_len = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
+    cu = mb.cu_seqlens.to(device=device, dtype=torch.int32)
+    padded = cu if mb.cu_seqlens_padded is None \
+        else mb.cu_seqlens_padded.to(device=device, dtype=torch.int32)
+    max_len = int((padded[1:] - padded[:-1]).max()) if padded.numel() > 1 else 0
     return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
-                           cu_seqlens_q_padded=cu, cu_seqlens_kv_padded=cu,
+                           cu_seqlens_q_padded=padded, cu_seqlens_kv_padded=padded,
                            max_seqlen_q=max_len, max_seqlen_kv=max_len)
 
 
 def forward_chunk(chunk, mb: MicroBatch, use_packed_seq: bool, device: torch.device) -> torch.Tensor:
-    """Run one model chunk. Last stage: logits ``[R, S, V_local]``; otherwise hidden states."""
+    """Run one model chunk. Last stage: logits ``[R, S_local, V_local]``; otherwise hidden states.
+
+    Under context parallelism ``mb`` is already this CP rank's share (``S_local = S / cp``); the
+    local-spec attention gets the ``[S_local, S]`` load-balanced causal mask."""
     tokens = mb.tokens.to(device, non_blocking=True)
     position_ids = mb.position_ids.to(device, non_blocking=True)
     if use_packed_seq:
-        params = packed_seq_params(mb)
-        params.cu_seqlens_q = params.cu_seqlens_kv = params.cu_seqlens_q.to(device)
-        params.cu_seqlens_q_padded = params.cu_seqlens_kv_padded = params.cu_seqlens_q
-        return chunk(tokens, position_ids, None, packed_seq_params=params)
+        return chunk(tokens, position_ids, None, packed_seq_params=packed_seq_params(mb, device))
     mask = mb.causal_block_mask().to(device, non_blocking=True)
     return chunk(tokens, position_ids, mask)
 

@@ -17,8 +17,13 @@ divides each micro-batch loss by the number of micro-batches and averages gradie
 the loss handed to Megatron is multiplied by ``num_micro_batches * dp_size`` (exact: integers).
 The MoE auxiliary loss keeps Megatron's usual per-micro-batch mean.
 
-Context parallelism is refused here (see docs/learner.md): the local attention cannot split
-sequences and the THD partitioning for Transformer Engine is not implemented yet.
+Context parallelism (CP): every CP rank of a DP rank plans the same micro-batches and keeps its
+load-balanced share of each (``learner/context_parallel.py``); the losses complete per-sequence
+sums over the CP group (``PolicyLossInputs.cp_group``, full ``seq_token_counts``), so each CP
+rank's loss is its share of the objective and the gradient is the *sum* over CP ranks. Megatron
+multiplies a 2-tuple loss by ``cp_size`` and DDP averages over DP x CP, which cancel: the scale
+above stays ``num_micro_batches * dp_size`` (DP without CP). Loss values and metrics are summed
+over DP x CP; ``compute_logprobs`` reassembles each sequence from its CP shares.
 """
 
 from __future__ import annotations
@@ -37,7 +42,6 @@ import torch.distributed as dist
 from gspo_megatron.algorithms.metrics import accumulate_metrics, all_reduce_metrics, metrics_to_floats
 from gspo_megatron.algorithms.types import LossOutput, PolicyLossInputs
 from gspo_megatron.config.schema import GSPOConfig
-from gspo_megatron.config.validate import ConfigError
 from gspo_megatron.learner import checkpointing
 from gspo_megatron.learner.batch import MicroBatch, SequenceBatch, StepPlan, plan_step
 from gspo_megatron.learner.forward import forward_chunk, response_logprobs, split_by_sequence
@@ -70,9 +74,6 @@ class Learner:
     def __init__(self, cfg: GSPOConfig, runtime, total_steps: Optional[int] = None) -> None:
         from megatron.core import parallel_state as ps
 
-        if cfg.parallel.cp > 1:
-            raise ConfigError("parallel.cp: context parallelism is not supported by the learner "
-                              "yet (see docs/learner.md); use tp/sp or pp for long sequences")
         self.cfg, self.runtime = cfg, runtime
         self.model_cfg = resolve_model_config(cfg.model)
         self.tf_config = build_transformer_config(self.model_cfg, cfg.parallel)
@@ -95,6 +96,9 @@ class Learner:
         self.tp_group = ps.get_tensor_model_parallel_group() \
             if ps.get_tensor_model_parallel_world_size() > 1 else None
         self.is_last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
+        self.cp_size = ps.get_context_parallel_world_size()
+        self.cp_rank = ps.get_context_parallel_rank()
+        self.cp_group = ps.get_context_parallel_group() if self.cp_size > 1 else None
         self.step = 0
         self.consecutive_nonfinite = 0
         self.num_nonfinite_skipped = 0
@@ -111,7 +115,9 @@ class Learner:
         c.grad_scale_func = self.optimizer.scale_loss
 
     def _pad_multiple(self) -> int:
-        return self.cfg.parallel.tp if self.cfg.parallel.sp else 1
+        """Rows / packed rows split into ``2 * cp`` chunks, each CP share into ``tp`` SP shards."""
+        multiple = self.cfg.parallel.tp if self.cfg.parallel.sp else 1
+        return multiple * (2 * self.cp_size if self.cp_size > 1 else 1)
 
     def plan(self, batch: SequenceBatch) -> StepPlan:
         """This rank's micro-batches (same count and length on every rank)."""
@@ -119,7 +125,8 @@ class Learner:
         return plan_step(batch, self.dp_rank, self.dp_size,
                          self.cfg.batch.max_tokens_per_micro_batch,
                          pad_multiple=self._pad_multiple(), num_micro_multiple=multiple,
-                         layout="packed" if self.use_packed_seq else "rows")
+                         layout="packed" if self.use_packed_seq else "rows",
+                         cp_size=self.cp_size, cp_rank=self.cp_rank)
 
     # ---- running the schedule -------------------------------------------------------------
 
@@ -156,7 +163,8 @@ class Learner:
             if mb.num_seqs == 0:
                 return output.sum() * 0.0, {}
             lp, ent = self._logprobs(output, mb, temp, compute_entropy=True)
-            per_seq = dict(zip(mb.seq_ids, zip(split_by_sequence(lp, mb),
+            where = [w.long() for w in split_by_sequence(mb.response_token_index(), mb)]
+            per_seq = dict(zip(mb.seq_ids, zip(where, split_by_sequence(lp, mb),
                                                split_by_sequence(ent, mb))))
             return lp.sum(), {"per_seq": per_seq}
 
@@ -171,21 +179,13 @@ class Learner:
         if self.is_last_stage and self.tp_rank == 0:
             for item in results:
                 mine.update(item.get("per_seq", {}))
-        gathered = _all_gather_objects(mine)
-        merged: Dict[int, tuple] = {}
-        for part in gathered:
-            merged.update(part)
-        missing = [i for i in range(len(batch)) if i not in merged]
-        if missing:
-            raise RuntimeError(f"compute_logprobs: no result for sequences {missing[:10]}")
-        return LogprobOutput([merged[i][0] for i in range(len(batch))],
-                             [merged[i][1] for i in range(len(batch))])
+        return _assemble_sequences(batch, _all_gather_objects(mine))
 
     # ---- training -------------------------------------------------------------------------
 
     def _policy_inputs(self, mb: MicroBatch, plan: StepPlan, lp, ent) -> PolicyLossInputs:
         extras = {k: v.to(lp.device) for k, v in mb.extras.items()}
-        counts = torch.bincount(mb.seq_index, minlength=mb.num_seqs).to(lp.device)
+        counts = mb.seq_token_counts().to(lp.device)
         return PolicyLossInputs(
             logprobs=lp, old_logprobs=extras.get("old_logprobs", lp.detach()),
             advantages=extras.get("advantages", torch.zeros_like(lp)),
@@ -193,7 +193,7 @@ class Learner:
             seq_token_counts=counts, global_num_seqs=plan.global_num_seqs,
             global_num_tokens=plan.global_num_tokens, entropy=ent,
             ref_logprobs=extras.get("ref_logprobs"),
-            rollout_logprobs=extras.get("rollout_logprobs"))
+            rollout_logprobs=extras.get("rollout_logprobs"), cp_group=self.cp_group)
 
     def forward_backward(self, mini_batch: SequenceBatch, loss_fn: LossFn,
                          temperature: Optional[float] = None) -> Dict[str, object]:
@@ -222,16 +222,18 @@ class Learner:
         return {"plan": plan, "loss_sum": loss_sum, "metrics": metrics}
 
     def _reduce_step_metrics(self, fb: Dict[str, object]) -> Dict[str, float]:
-        """Loss and loss metrics reduced over DP on the last stage, then shared with all ranks."""
+        """Loss and loss metrics reduced over DP x CP on the last stage, then shared with all ranks
+        (each CP rank's loss is its share of the objective, so shares add up)."""
         from megatron.core import parallel_state as ps
 
         out: Dict[str, float] = {}
         if self.is_last_stage:
             metrics = fb["metrics"]
             loss = fb["loss_sum"].clone()
-            if self.dp_size > 1:
-                all_reduce_metrics(metrics, group=ps.get_data_parallel_group())
-                dist.all_reduce(loss, group=ps.get_data_parallel_group())
+            if self.dp_size * self.cp_size > 1:
+                group = ps.get_data_parallel_group(with_context_parallel=True)
+                all_reduce_metrics(metrics, group=group)
+                dist.all_reduce(loss, group=group)
             out = metrics_to_floats(metrics)
             out["loss"] = float(loss)
         if ps.get_pipeline_model_parallel_world_size() > 1:
@@ -315,6 +317,22 @@ class Learner:
 
     def save_weights(self, directory) -> None:
         checkpointing.save_model_weights(self.model, directory, self._meta())
+
+
+def _assemble_sequences(batch: SequenceBatch, parts: List[dict]) -> LogprobOutput:
+    """Merge ``{seq_id: (token_index, logprobs, entropy)}`` from every rank into per-sequence
+    tensors in response order (under CP a sequence arrives in pieces from its CP ranks)."""
+    lps = [torch.full((batch.response_len(i),), float("nan")) for i in range(len(batch))]
+    ents = [torch.full((batch.response_len(i),), float("nan")) for i in range(len(batch))]
+    filled = [torch.zeros(batch.response_len(i), dtype=torch.bool) for i in range(len(batch))]
+    for part in parts:
+        for i, (where, lp, ent) in part.items():
+            lps[i][where], ents[i][where] = lp, ent
+            filled[i][where] = True
+    missing = [i for i in range(len(batch)) if not bool(filled[i].all())]
+    if missing:
+        raise RuntimeError(f"compute_logprobs: no result for (part of) sequences {missing[:10]}")
+    return LogprobOutput(lps, ents)
 
 
 def _all_gather_objects(obj) -> list:

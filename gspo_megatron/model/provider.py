@@ -8,6 +8,9 @@ router logits, top-k, renormalised when ``norm_topk_prob`` -- which is Megatron'
 
 Layer specs: Transformer Engine modules on GPU, Megatron's local modules on CPU with
 :class:`SequenceParallelRMSNorm` so that TP + SP (needed for TP with MoE) runs there too.
+Context parallelism: TE's attention does it on GPU (``cp_comm_type``, default ``p2p``); the local
+spec gets :class:`ContextParallelDotProductAttention` and a CPU-safe CP slice of RoPE
+(``model/context_parallel_attention.py``).
 """
 
 from __future__ import annotations
@@ -141,7 +144,13 @@ def transformer_config_kwargs(model: ModelConfig, parallel: ParallelConfig,
         apply_rope_fusion=fused,
         gradient_accumulation_fusion=False,
         init_method_std=0.02,
+        # gloo matches p2p messages between two ranks in posting order only; Megatron's batched
+        # p2p then swaps activations and gradients under interleaved PP=2 (both directions carry
+        # both). The unbatched path puts the two directions on different groups.
+        batch_p2p_comm=on_gpu,
     )
+    if parallel.cp > 1 and impl == "transformer_engine":
+        kwargs.update(cp_comm_type=cp_comm_type(parallel))
     if model.num_experts > 0:
         kwargs.update(_moe_kwargs(model, on_gpu))
     if model.recompute != "none":
@@ -154,6 +163,11 @@ def transformer_config_kwargs(model: ModelConfig, parallel: ParallelConfig,
                               "(model.transformer_impl=transformer_engine, on a GPU)")
         kwargs.update(_fp8_kwargs(model))
     return kwargs
+
+
+def cp_comm_type(parallel: ParallelConfig) -> str:
+    """TE's context-parallel communication (``parallel.cp_comm_type``, default ``p2p``)."""
+    return parallel.cp_comm_type or "p2p"
 
 
 def build_transformer_config(model: ModelConfig, parallel: ParallelConfig,
@@ -184,6 +198,12 @@ def build_layer_spec(model: ModelConfig, config, vp_stage: Optional[int] = None)
     sub.input_layernorm = SequenceParallelRMSNorm
     sub.pre_mlp_layernorm = SequenceParallelRMSNorm
     attn = sub.self_attention.submodules
+    if config.context_parallel_size > 1:
+        from gspo_megatron.model.context_parallel_attention import (
+            ContextParallelDotProductAttention,
+        )
+
+        attn.core_attention = ContextParallelDotProductAttention
     if model.qk_layernorm:
         attn.q_layernorm = SequenceParallelRMSNorm
         attn.k_layernorm = SequenceParallelRMSNorm
@@ -220,6 +240,11 @@ def build_gpt_model(model: ModelConfig, parallel: ParallelConfig, *,
         rotary_base=int(model.rope_theta),
         vp_stage=vp_stage,
     )
+    if config.context_parallel_size > 1 and resolve_transformer_impl(model) == "local" \
+            and getattr(gpt, "rotary_pos_emb", None) is not None:
+        from gspo_megatron.model.context_parallel_attention import LoadBalancedRotaryEmbedding
+
+        LoadBalancedRotaryEmbedding.adopt(gpt.rotary_pos_emb)
     mark_expert_params(gpt)
     return gpt
 
