@@ -102,8 +102,10 @@ def test_context_parallel_layouts_are_accepted():
 
 def test_all_problems_reported_together():
     with pytest.raises(ConfigError) as err:
-        load_config(None, ["algo.kl_coef=-1", "rollout.top_p=2", "model.num_experts=4"])
+        load_config(None, ["algo.kl_coef=-1", "rollout.top_p=2", "model.num_experts=4",
+                           "rollout.embedded_max_batch_size=0"])
     assert "algo.kl_coef" in str(err.value) and "rollout.top_p" in str(err.value)
+    assert "rollout.embedded_max_batch_size: must be >= 1" in str(err.value)
 
 
 def test_launched_world_size_must_match_config():

@@ -160,6 +160,7 @@ def validate_config(cfg, world_size: Optional[int] = None) -> None:
     check(a.tis.cap >= 1.0, "algo.tis.cap", f"{a.tis.cap} must be >= 1")
     check(r.temperature > 0.0, "rollout.temperature", "must be > 0 (log-probs of greedy decoding are not a policy)")
     check(0.0 < r.top_p <= 1.0, "rollout.top_p", "must be in (0, 1]")
+    check(r.embedded_max_batch_size >= 1, "rollout.embedded_max_batch_size", "must be >= 1")
 
     ws = r.weight_sync
     check(ws.bucket_bytes > 0, "rollout.weight_sync.bucket_bytes", "must be > 0")
