@@ -99,8 +99,8 @@ def reset_adam_state(optimizer) -> int:
     parameter states were dropped.
 
     Used between the cold-start SFT and RL: Adam's second moments, fitted to SFT's large
-    gradients, decay with ``beta2`` over ~1/(1-beta2) steps and meanwhile shrink every RL update
-    (measured on the tiny run, docs/tiny_cpu_run.md). torch's Adam re-creates the state lazily
+    gradients, decay with ``beta2`` over ~1/(1-beta2) steps and meanwhile shrink RL updates
+    (both variants are compared on the tiny run in docs/tiny_cpu_run.md). torch's Adam re-creates the state lazily
     at the next step, exactly as for a fresh optimizer; the distributed optimizer's fp32 main
     parameters are kept.
     """

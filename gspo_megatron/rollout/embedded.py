@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from gspo_megatron.distributed.cpu_compat import device_redirect_suspended
 from gspo_megatron.rollout.sampling import (LOGPROB_MODES, draw_tokens, make_generators,
                                             process_logits, select_logprobs)
 from gspo_megatron.rollout.types import (GenerationRequest, NamedTensors, RolloutEngine, Sample,
@@ -113,8 +114,6 @@ class EmbeddedEngine(RolloutEngine):
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; pass one to EmbeddedEngine")
         out: List[GeneratedRow] = []
-        from gspo_megatron.distributed.cpu_compat import device_redirect_suspended
-
         for start in range(0, len(prompts), self.max_batch_size):
             end = start + self.max_batch_size
             with self._lock, device_redirect_suspended():
