@@ -28,3 +28,17 @@ def test_save_and_reload_keeps_padding_side_and_input_names(tmp_path):
     batch = tok(["1+2=", "10+20="], padding=True)
     assert set(batch) == {"input_ids", "attention_mask"}
     assert batch["input_ids"][0][:2] == [tok.pad_token_id] * 2  # left padded
+
+
+def test_a_wider_alphabet_keeps_the_special_ids_and_refuses_repeats():
+    import pytest
+
+    from gspo_megatron.rollout.tiny_model import CHARS
+
+    tok = build_char_tokenizer(alphabet=CHARS)
+    default = build_char_tokenizer()
+    assert len(tok) == len(SPECIAL_TOKENS) + len(CHARS)
+    assert (tok.pad_token_id, tok.eos_token_id) == (default.pad_token_id, default.eos_token_id)
+    assert tok.decode(tok.encode("what is 1+1?")) == "what is 1+1?"
+    with pytest.raises(ValueError, match="repeats a character"):
+        build_char_tokenizer(alphabet="aab")

@@ -23,7 +23,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from gspo_megatron.distributed.cpu_compat import device_redirect_suspended
 from gspo_megatron.rollout.sampling import (LOGPROB_MODES, draw_tokens, make_generators,
                                             process_logits, select_logprobs)
 from gspo_megatron.rollout.types import (GenerationRequest, NamedTensors, RolloutEngine, Sample,
@@ -113,6 +112,10 @@ class EmbeddedEngine(RolloutEngine):
         """Generate one response per prompt, row i drawing from a generator seeded ``seeds[i]``."""
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; pass one to EmbeddedEngine")
+        # Imported here: the rollout package must not import the learner's packages at import
+        # time (a rollout node loads only gspo_megatron.rollout; tests/test_rollout_factory.py).
+        from gspo_megatron.distributed.cpu_compat import device_redirect_suspended
+
         out: List[GeneratedRow] = []
         for start in range(0, len(prompts), self.max_batch_size):
             end = start + self.max_batch_size

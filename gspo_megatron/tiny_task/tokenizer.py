@@ -29,16 +29,20 @@ from gspo_megatron.tiny_task.vocab import (  # noqa: F401  (re-exported)
 )
 
 
-def build_vocab() -> Dict[str, int]:
+def build_vocab(alphabet: str = ALPHABET) -> Dict[str, int]:
     """Token -> id: special tokens first (pad = 0), then the alphabet in a fixed order."""
-    tokens = list(SPECIAL_TOKENS) + list(ALPHABET)
+    if len(set(alphabet)) != len(alphabet):
+        raise ValueError(f"alphabet {alphabet!r} repeats a character")
+    tokens = list(SPECIAL_TOKENS) + list(alphabet)
     return {tok: i for i, tok in enumerate(tokens)}
 
 
-def build_char_tokenizer(padding_side: str = "left",
-                         model_max_length: int = 128) -> PreTrainedTokenizerFast:
-    """A fresh character-level tokenizer (left padding by default, as generation needs)."""
-    core = Tokenizer(models.WordLevel(vocab=build_vocab(), unk_token=UNK_TOKEN))
+def build_char_tokenizer(padding_side: str = "left", model_max_length: int = 128,
+                         alphabet: str = ALPHABET) -> PreTrainedTokenizerFast:
+    """A fresh character-level tokenizer (left padding by default, as generation needs).
+
+    ``alphabet`` defaults to the addition task's; rollout tests pass a wider one (letters)."""
+    core = Tokenizer(models.WordLevel(vocab=build_vocab(alphabet), unk_token=UNK_TOKEN))
     core.pre_tokenizer = pre_tokenizers.Split(Regex(""), behavior="isolated")
     core.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(
