@@ -117,6 +117,25 @@ def reinit_layout(parallel: ParallelConfig) -> None:
     init_distributed(parallel, seed=3)
 
 
+def convert_export_and_logits(hf_dir, work_dir: Path, name: str, parallel: ParallelConfig,
+                              max_shard_bytes: int):
+    """Under ``parallel``: convert ``hf_dir`` to ``work_dir/name``, export it to
+    ``work_dir/hf_name``, load it back into fresh chunks; returns (model config, logits)."""
+    from gspo_megatron.checkpoint.convert import build_model_chunks
+    from gspo_megatron.checkpoint.export import export_megatron_to_hf
+    from gspo_megatron.checkpoint.meta import model_config_from_meta
+    from gspo_megatron.learner.checkpointing import load_model_weights, read_meta
+
+    reinit_layout(parallel)
+    convert_hf_to_megatron(hf_dir, work_dir / name, parallel)
+    export_megatron_to_hf(work_dir / name, work_dir / f"hf_{name}", parallel,
+                          max_shard_bytes=max_shard_bytes)
+    cfg = model_config_from_meta(read_meta(work_dir / name))
+    chunks = build_model_chunks(cfg, parallel)
+    load_model_weights(chunks, work_dir / name)
+    return cfg, megatron_logits(chunks, TOKENS, VOCAB)
+
+
 # --------------------------------------------------------------------------- bad input
 
 

@@ -12,8 +12,8 @@ import torch
 
 from gspo_megatron.config.schema import ParallelConfig
 from tests.multiproc import run_on_ranks
-from tests.test_checkpoint_convert import (TOKENS, VOCAB, assert_same_tensors, hf_logits,
-                                           make_hf_model, megatron_logits, reinit_layout)
+from tests.test_checkpoint_convert import (assert_same_tensors, convert_export_and_logits,
+                                           hf_logits, make_hf_model, reinit_layout)
 
 
 def _original(hf_dir: str) -> dict:
@@ -24,21 +24,13 @@ def _original(hf_dir: str) -> dict:
 
 
 def _ep2_then_tp2(rank: int, hf_dir: str, work: str) -> dict:
-    from gspo_megatron.checkpoint.convert import build_model_chunks, convert_hf_to_megatron
-    from gspo_megatron.checkpoint.export import export_megatron_to_hf
+    from gspo_megatron.checkpoint.convert import build_model_chunks
     from gspo_megatron.checkpoint.gather import iter_hf_tensors
-    from gspo_megatron.checkpoint.meta import model_config_from_meta
-    from gspo_megatron.learner.checkpointing import load_model_weights, read_meta
+    from gspo_megatron.learner.checkpointing import load_model_weights
 
     work_dir = Path(work)
-    ep2 = ParallelConfig(ep=2)
-    reinit_layout(ep2)
-    convert_hf_to_megatron(hf_dir, work_dir / "ep2", ep2)
-    export_megatron_to_hf(work_dir / "ep2", work_dir / "hf_ep2", ep2, max_shard_bytes=40_000)
-    cfg = model_config_from_meta(read_meta(work_dir / "ep2"))
-    chunks = build_model_chunks(cfg, ep2)
-    load_model_weights(chunks, work_dir / "ep2")
-    logits = megatron_logits(chunks, TOKENS, VOCAB)
+    cfg, logits = convert_export_and_logits(hf_dir, work_dir, "ep2", ParallelConfig(ep=2),
+                                            max_shard_bytes=40_000)
 
     tp2 = ParallelConfig(tp=2, sp=True, etp=2)
     reinit_layout(tp2)

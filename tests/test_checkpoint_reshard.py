@@ -9,30 +9,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from gspo_megatron.checkpoint.convert import convert_hf_to_megatron
 from gspo_megatron.config.schema import ParallelConfig
 from tests.multiproc import run_on_ranks
-from tests.test_checkpoint_convert import (TOKENS, VOCAB, assert_same_tensors, hf_logits,
-                                           make_hf_model, megatron_logits, reinit_layout)
+from tests.test_checkpoint_convert import (TOKENS, VOCAB, assert_same_tensors,
+                                           convert_export_and_logits, hf_logits, make_hf_model,
+                                           megatron_logits, reinit_layout)
 
 
 
 def _tp2_then_pp2(rank: int, hf_dir: str, work: str) -> dict:
     from gspo_megatron.checkpoint.convert import build_model_chunks
-    from gspo_megatron.checkpoint.export import export_megatron_to_hf
-    from gspo_megatron.checkpoint.meta import model_config_from_meta
     from gspo_megatron.checkpoint.reshard import reshard_checkpoint
-    from gspo_megatron.learner.checkpointing import load_model_weights, read_meta
+    from gspo_megatron.learner.checkpointing import load_model_weights
 
     work_dir = Path(work)
-    tp2 = ParallelConfig(tp=2)
-    reinit_layout(tp2)
-    convert_hf_to_megatron(hf_dir, work_dir / "tp2", tp2)
-    export_megatron_to_hf(work_dir / "tp2", work_dir / "hf_tp2", tp2, max_shard_bytes=30_000)
-    cfg = model_config_from_meta(read_meta(work_dir / "tp2"))
-    chunks = build_model_chunks(cfg, tp2)
-    load_model_weights(chunks, work_dir / "tp2")
-    logits_tp2 = megatron_logits(chunks, TOKENS, VOCAB)
+    cfg, logits_tp2 = convert_export_and_logits(hf_dir, work_dir, "tp2", ParallelConfig(tp=2),
+                                                max_shard_bytes=30_000)
 
     pp2 = ParallelConfig(pp=2)
     reinit_layout(pp2)
