@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from gspo_megatron.rollout.kv_decoder import make_decoder
 from gspo_megatron.rollout.sampling import (LOGPROB_MODES, draw_tokens, make_generators,
                                             process_logits, select_logprobs)
 from gspo_megatron.rollout.types import (GenerationRequest, NamedTensors, RolloutEngine, Sample,
@@ -47,7 +48,8 @@ class EmbeddedEngine(RolloutEngine):
     """Rollouts with a transformers causal LM living in this process."""
 
     def __init__(self, model, tokenizer=None, max_batch_size: int = 256,
-                 logprob_mode: str = "scaled", weight_version: Optional[str] = None) -> None:
+                 logprob_mode: str = "scaled", weight_version: Optional[str] = None,
+                 lean_decode: bool = True) -> None:
         super().__init__()
         if logprob_mode not in LOGPROB_MODES:
             raise ValueError(f"logprob_mode must be one of {LOGPROB_MODES}, got {logprob_mode!r}")
@@ -56,6 +58,8 @@ class EmbeddedEngine(RolloutEngine):
         self.max_batch_size = max_batch_size
         self.logprob_mode = logprob_mode
         self.weight_version = weight_version
+        self.lean_decode = lean_decode
+        """Decode Qwen3 / Qwen3-MoE with :class:`Qwen3Decoder` (False: the model's HF forward)."""
         self.device = next(model.parameters()).device
         self._lock = threading.Lock()  # one forward pass / weight load at a time
         self._eos_ids = self._find_eos_ids()
@@ -130,24 +134,20 @@ class EmbeddedEngine(RolloutEngine):
         gens = make_generators(seeds)
         input_ids, attention = self._left_pad(prompts)
         stop_ids = set(self._eos_ids) | set(params.stop_token_ids)
-        past = None
-        step_ids = input_ids
+        decoder = make_decoder(self.model, lean=self.lean_decode)
+        logits = decoder.prefill(input_ids, attention, params.max_new_tokens)
         for _ in range(params.max_new_tokens):
-            positions = (attention.cumsum(-1) - 1).clamp_(min=0)[:, -step_ids.shape[1]:]
-            out = self.model(input_ids=step_ids, attention_mask=attention, position_ids=positions,
-                             past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            scaled, sampling = process_logits(out.logits[:, -1, :], params.temperature, params.top_p)
+            scaled, sampling = process_logits(logits, params.temperature, params.top_p)
             tokens = draw_tokens(sampling, gens)
             lps = select_logprobs(scaled, sampling, tokens, self.logprob_mode)
             for row, tok, lp in zip(rows, tokens.tolist(), lps.tolist()):
                 if row.finish_reason is None:
                     self._append(row, tok, lp, stop_ids, params)
-            if all(r.finish_reason is not None for r in rows):
+            alive = [r.finish_reason is None for r in rows]
+            if not any(alive):
                 break
-            done = torch.tensor([r.finish_reason is not None for r in rows], device=self.device)
-            step_ids = torch.where(done, torch.full_like(tokens, self._pad_id), tokens).unsqueeze(-1)
-            attention = torch.cat([attention, (~done).long().unsqueeze(-1)], dim=-1)
+            alive_t = torch.tensor(alive, device=self.device)
+            logits = decoder.step(torch.where(alive_t, tokens, self._pad_id), alive_t)
         return rows
 
     def _append(self, row: GeneratedRow, tok: int, lp: float, stop_ids: set,
