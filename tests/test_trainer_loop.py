@@ -92,6 +92,25 @@ def test_loop_two_gloo_ranks(assets, tmp_path, layout, algo, source):
     assert rows[2]["rollout/learner_vs_engine_abs_logp"] < 1e-4
 
 
+@pytest.mark.slow
+def test_overlap_trains_one_step_off_policy(assets, tmp_path):
+    """Step k+1 is generated while step k trains: from step 2 on the samples are one update old.
+    The learner recomputes their log-probs under the generating weights (equal to the engine's),
+    and the ratio of the first (here: only) mini-batch shows the one-step policy change."""
+    extra = ["rollout.overlap_one_step=true", "algo.old_logprob_source=learner",
+             "algo.tis.enabled=true", "batch.num_mini_batches=1", "algo.entropy_coef=0.1",
+             "optimizer.lr=0.01", "optimizer.warmup_steps=0", "trainer.num_steps=3",
+             "trainer.eval_every_steps=2"]
+    assert _train(0, _overrides(assets, tmp_path, *extra))["code"] == 0
+    rows = _check_run(tmp_path, 3)
+    assert [r["rollout/policy_lag_steps"] for r in rows[1:]] == [0.0, 1.0, 1.0]
+    for row in rows[1:]:
+        assert row["rollout/learner_vs_engine_abs_logp"] < 1e-4
+    spread = [r["train/ratio_max"] - r["train/ratio_min"] for r in rows[1:]]
+    assert spread[0] < 1e-4 and min(spread[1:]) > 1e-3, spread
+    assert "eval/accuracy" in rows[2]
+
+
 def _spawn(assets, run_dir: Path, *extra: str) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     return subprocess.Popen([sys.executable, "-m", "gspo_megatron.cli.train",
@@ -102,13 +121,16 @@ def _spawn(assets, run_dir: Path, *extra: str) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_to_identical_metrics(assets, tmp_path):
+@pytest.mark.parametrize("overlap", [False, True], ids=["on_policy", "overlap"])
+def test_killed_run_resumes_to_identical_metrics(assets, tmp_path, overlap):
+    """With the overlap, the checkpoint of step 2 carries the in-flight rollout of step 3."""
     ref_dir, killed_dir = tmp_path / "ref", tmp_path / "killed"
-    ref = _spawn(assets, ref_dir)
+    flags = (f"rollout.overlap_one_step={str(overlap).lower()}",)
+    ref = _spawn(assets, ref_dir, *flags)
     _, err = ref.communicate(timeout=600)
     assert ref.returncode == 0, err.decode()[-3000:]
 
-    victim = _spawn(assets, killed_dir)
+    victim = _spawn(assets, killed_dir, *flags)
     deadline = time.monotonic() + 600
     while not (killed_dir / "checkpoints" / "step_000002" / "gspo_meta.json").exists():
         assert victim.poll() is None, victim.stderr.read().decode()[-3000:]
@@ -117,7 +139,7 @@ def test_killed_run_resumes_to_identical_metrics(assets, tmp_path):
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=60)
 
-    resumed = _spawn(assets, killed_dir, "--resume")
+    resumed = _spawn(assets, killed_dir, *flags, "--resume")
     _, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err.decode()[-3000:]
 

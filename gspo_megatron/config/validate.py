@@ -69,6 +69,20 @@ def _check_context_parallel(cfg, check) -> None:
           f"parallel.cp={p.cp}")
 
 
+def _check_overlap(cfg, check) -> None:
+    """One-step off-policy rollouts (rollout.overlap_one_step) and the engine's process."""
+    r = cfg.rollout
+    check(r.embedded_num_threads >= 1, "rollout.embedded_num_threads", "must be >= 1")
+    if not r.overlap_one_step:
+        return
+    check(r.engine != "sglang" or r.mode == "disaggregated", "rollout.overlap_one_step",
+          "colocated SGLang servers share the learner's GPUs and cannot generate while it "
+          "trains; set rollout.mode=disaggregated")
+    check(r.engine != "embedded" or r.weight_sync.transport in ("auto", "tensor"),
+          "rollout.weight_sync.transport", "the embedded engine's process takes weights through "
+          "shared memory ('auto' or 'tensor') when rollout.overlap_one_step=true")
+
+
 def validate_config(cfg, world_size: Optional[int] = None) -> None:
     """Raise ConfigError listing every inconsistency found; return None when all is well."""
     errors: List[str] = []
@@ -171,6 +185,7 @@ def validate_config(cfg, world_size: Optional[int] = None) -> None:
           "engine takes 'tensor' or 'disk'")
 
     _check_context_parallel(cfg, check)
+    _check_overlap(cfg, check)
 
     # Precision.
     if m.fp8.enabled:

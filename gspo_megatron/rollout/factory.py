@@ -1,6 +1,7 @@
 """Build the rollout engine named by ``rollout.engine`` from a ``RolloutConfig``.
 
-- ``embedded``: an in-memory model + tokenizer, or the HF directory ``model_path``.
+- ``embedded``: an in-memory model + tokenizer, or the HF directory ``model_path``; with
+  ``overlap_one_step`` the engine runs in its own process (``rollout/embedded_process.py``).
 - ``sglang``: attach to ``rollout.sglang.server_addresses`` or launch ``num_servers`` SGLang
   servers (with ``--enable-memory-saver`` in colocated mode).
 - ``reference``: the same client against CPU reference servers, launched here when no
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Optional
 
 from gspo_megatron.rollout.embedded import EmbeddedEngine
+from gspo_megatron.rollout.embedded_process import EmbeddedProcessEngine
 from gspo_megatron.rollout.sglang_engine import SGLangEngine
 from gspo_megatron.rollout.sglang_launcher import ServerLauncher, reference_server_command
 from gspo_megatron.rollout.types import RolloutEngine
@@ -35,6 +37,9 @@ def build_engine(cfg, model_path: Optional[str] = None, model=None, tokenizer=No
             return EmbeddedEngine(model, tokenizer, max_batch_size=size)
         if model_path is None:
             raise ValueError("rollout.engine=embedded needs a model or model.hf_path")
+        if cfg.overlap_one_step:  # a thread would share the learner's GIL
+            return EmbeddedProcessEngine(model_path, max_batch_size=size,
+                                         num_threads=cfg.embedded_num_threads)
         return EmbeddedEngine.from_pretrained(model_path, max_batch_size=size)
     if cfg.engine == "sglang":
         return SGLangEngine.from_config(cfg.sglang, model_path, log_dir,

@@ -113,9 +113,10 @@ class TrainerParts:
                 steps.append(int(d.name[len(STEP_DIR_PREFIX):]))
         return sorted(steps)
 
-    def save(self, step: int) -> Path:
+    def save(self, step: int, extra: Optional[Dict[str, Any]] = None) -> Path:
+        """Collective: learner, optimizer, sampler and the loop's ``extra`` (plain values)."""
         path = self.ckpt_root / f"{STEP_DIR_PREFIX}{step:06d}"
-        self.learner.save_checkpoint(path, extra={"trainer_step": step,
+        self.learner.save_checkpoint(path, extra={**(extra or {}), "trainer_step": step,
                                                   "sampler": self.sampler.state_dict()})
         if self.runtime.is_main:
             for old in self._complete_steps()[:-max(self.cfg.checkpoint.keep_last, 1)]:

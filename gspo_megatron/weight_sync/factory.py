@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Optional
 
 from gspo_megatron.rollout.embedded import EmbeddedEngine
+from gspo_megatron.rollout.embedded_process import EmbeddedProcessEngine
 from gspo_megatron.rollout.sglang_engine import SGLangEngine
 from gspo_megatron.rollout.types import RolloutEngine, WeightTransport
 from gspo_megatron.weight_sync.disk import DiskTransport
@@ -28,11 +29,15 @@ from gspo_megatron.weight_sync.distributed_broadcast import BroadcastTransport
 from gspo_megatron.weight_sync.in_process import CudaIpcTransport, InProcessTransport
 
 
+_IN_PROCESS_LOADERS = (EmbeddedEngine, EmbeddedProcessEngine)
+"""Engines whose ``load_weights`` this process can call (the second one writes shared memory)."""
+
+
 def resolve_transport(transport: str, engine: RolloutEngine, mode: str) -> str:
     """``auto`` -> ``tensor`` for in-process engines and colocated servers, else ``nccl``."""
     if transport != "auto":
         return transport
-    if isinstance(engine, EmbeddedEngine) or mode == "colocated":
+    if isinstance(engine, _IN_PROCESS_LOADERS) or mode == "colocated":
         return "tensor"
     return "nccl"
 
@@ -43,7 +48,7 @@ def build_transport(sync_cfg, engine: RolloutEngine, mode: str = "colocated",
                     attach: bool = True) -> WeightTransport:
     """Build the transport named by ``sync_cfg`` (a ``WeightSyncConfig``) for ``engine``."""
     kind = resolve_transport(sync_cfg.transport, engine, mode)
-    embedded = isinstance(engine, EmbeddedEngine)
+    embedded = isinstance(engine, _IN_PROCESS_LOADERS)
     if not embedded and not isinstance(engine, SGLangEngine):
         raise TypeError(f"no weight transport for engine type {type(engine).__name__}")
     if kind == "tensor":
