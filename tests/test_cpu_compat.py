@@ -31,6 +31,10 @@ import torch
 from gspo_megatron.distributed.cpu_compat import apply_cpu_compat, cpu_compat_applied
 apply_cpu_compat(); apply_cpu_compat()  # idempotent
 assert cpu_compat_applied()
+import sys
+import megatron.core.jit
+assert megatron.core.jit.jit_fuser is not torch.compile, "Megatron's fusion decorator is eager"
+assert "torch._dynamo" not in sys.modules, "importing Megatron must not pull in torch._dynamo"
 assert torch.device(torch.cuda.current_device()).type == "cpu"
 torch.cuda.synchronize()
 assert torch.zeros([], device="cuda").device.type == "cpu"

@@ -90,6 +90,36 @@ def device_redirect_suspended():
 # ---- the patches -----------------------------------------------------------------------------
 
 
+def _eager(fn=None, **_kwargs):
+    """``torch.compile``'s decorator forms, returning the function itself."""
+    return fn if fn is not None else (lambda f: f)
+
+
+def _patch_jit_fuser() -> None:
+    """Import Megatron with ``torch.compile`` as a no-op, so its ``jit_fuser`` is one.
+
+    ``megatron/core/jit.py`` sets ``jit_fuser = torch.compile`` when Megatron is imported and
+    ~40 fusion helpers are decorated with it at import time; the first decoration imports
+    ``torch._dynamo``: ~2.5 CPU-seconds of every process start (docs/performance.md). None of
+    these helpers is on the CPU path (local spec, unfused bias/activation), and compiling them on
+    CPU would need inductor's C++ toolchain. Must run before anything imports Megatron; later it
+    only makes decorations that are still to come eager (``disable_jit_fuser``).
+    """
+    import sys
+
+    if "megatron.core.jit" in sys.modules:
+        import megatron.core.jit as jit
+
+        jit.disable_jit_fuser()
+        return
+    original = torch.compile
+    torch.compile = _eager  # type: ignore[assignment]
+    try:
+        import megatron.core  # noqa: F401  (runs every @jit_fuser decoration now)
+    finally:
+        torch.compile = original  # type: ignore[assignment]
+
+
 def _patch_current_device() -> None:
     torch.cuda.current_device = lambda: _CPU  # type: ignore[assignment]
     torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
@@ -184,6 +214,12 @@ def _patch_torch_adam_step_state() -> None:
 # ---- probes: each returns True when, unpatched, the assumption still breaks on CPU ------------
 
 
+def _probe_jit_fuser() -> bool:
+    import megatron.core.jit as jit
+
+    return jit.jit_fuser is torch.compile
+
+
 def _probe_current_device() -> bool:
     try:
         torch.cuda.current_device()
@@ -243,6 +279,9 @@ class Patch:
 
 
 PATCHES: List[Patch] = [
+    Patch("jit_fuser", "Megatron decorates its fusion helpers with torch.compile at import, "
+          "which imports torch._dynamo (~2.5 s per process); none runs on the CPU path",
+          _patch_jit_fuser, _probe_jit_fuser),
     Patch("current_device", "tensor placement asks torch.cuda.current_device(); "
           "torch.cuda.synchronize is called between steps", _patch_current_device,
           _probe_current_device),
