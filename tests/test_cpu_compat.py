@@ -35,6 +35,8 @@ import sys
 import megatron.core.jit
 assert megatron.core.jit.jit_fuser is not torch.compile, "Megatron's fusion decorator is eager"
 assert "torch._dynamo" not in sys.modules, "importing Megatron must not pull in torch._dynamo"
+from megatron.core.dist_checkpointing.strategies import filesystem_async
+assert filesystem_async._get_write_results_queue().__class__.__module__ == "queue"
 assert torch.device(torch.cuda.current_device()).type == "cpu"
 torch.cuda.synchronize()
 assert torch.zeros([], device="cuda").device.type == "cpu"

@@ -120,6 +120,24 @@ def _patch_jit_fuser() -> None:
         torch.compile = original  # type: ignore[assignment]
 
 
+def _patch_save_results_queue() -> None:
+    """Give Megatron's checkpoint writer an in-process results queue.
+
+    On the first save of a process, ``dist_checkpointing/strategies/filesystem_async.py``
+    creates ``mp.get_context("spawn").Manager().Queue()``: a server process with a fresh
+    interpreter, ~2-4 s of every process that saves (and an error when the main module has no
+    ``__main__`` guard). It only matters for asynchronous saves, whose writer is another
+    process; the synchronous ``dist_checkpointing.save`` used here puts and gets the write
+    results in this process (the forked file writers use their own local queue).
+    """
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
 def _patch_current_device() -> None:
     torch.cuda.current_device = lambda: _CPU  # type: ignore[assignment]
     torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
@@ -214,6 +232,14 @@ def _patch_torch_adam_step_state() -> None:
 # ---- probes: each returns True when, unpatched, the assumption still breaks on CPU ------------
 
 
+def _probe_save_results_queue() -> bool:
+    import inspect
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    return "Manager()" in inspect.getsource(filesystem_async._get_write_results_queue)
+
+
 def _probe_jit_fuser() -> bool:
     import megatron.core.jit as jit
 
@@ -297,6 +323,9 @@ PATCHES: List[Patch] = [
           _patch_torch_adam_step_state, _probe_torch_adam_step_state),
     Patch("rng", "the model-parallel RNG tracker keeps CUDA generator states",
           _patch_rng, _probe_rng),
+    Patch("save_results_queue", "the checkpoint writer starts a spawn Manager process for "
+          "its results queue on the first save (~2-4 s); synchronous saves need none",
+          _patch_save_results_queue, _probe_save_results_queue),
     Patch("te_general_gemm", "moe_utils refers to te_general_gemm without Transformer Engine",
           _patch_te_general_gemm, _probe_te_general_gemm),
 ]

@@ -5,11 +5,13 @@
         if overlap: sync_weights(); rollouts.submit(step + 1)   # next rollout runs meanwhile
         batch   = SequenceBatch(rollout)                 # old log-probs: engine's or learner's
         for mini in split(batch, batch.num_mini_batches): learner.train_step(mini, loss)
+        if not overlap: sync_weights()
         log / evaluate / checkpoint (with the in-flight rollout)
 
-On-policy (default) the rollout of a step is submitted right before it is taken, after the
-weight sync; with ``rollout.overlap_one_step`` it was submitted during the previous step
-(one-step off-policy, ``trainer/rollout_pipeline.py``). Parts are built in ``trainer/build.py``;
+On-policy (default) the rollout of a step is submitted right before it is taken; with
+``rollout.overlap_one_step`` it was submitted during the previous step (one-step off-policy,
+``trainer/rollout_pipeline.py``). ``sync_weights`` only moves weights the engine lacks, so a
+resumed or evaluated run syncs exactly when it needs to. Parts are built in ``trainer/build.py``;
 this module only sequences them. Preemption (SIGUSR1 / SIGTERM) checkpoints after the current
 step and exits with 124 so the Slurm script requeues.
 """
@@ -141,6 +143,8 @@ class GSPOTrainer:
                 key = f"train/{k}"
                 metrics[key] = metrics.get(key, 0.0) + v / len(minis)
         metrics["time/update_s"] = time.perf_counter() - t2
+        if not self.overlap:  # on-policy: the engine gets this step's weights right away
+            metrics.update(self.sync_weights())
         metrics["time/step_s"] = time.perf_counter() - t0
         return metrics
 
@@ -156,8 +160,7 @@ class GSPOTrainer:
                 p.logger.log(0, first_eval)
         else:
             self.rollouts.restore(resumed.extra.get("pending_rollout"))
-            self.sync_weights()
-            p.logger.truncate_after(self.step)
+            p.logger.truncate_after(self.step)  # the first step syncs the engine, as it would have
         eval_every = cfg.trainer.eval_every_steps
         bar = tqdm(total=cfg.trainer.num_steps, initial=self.step, desc="GSPO steps",
                    disable=not p.runtime.is_main, dynamic_ncols=True)
