@@ -200,8 +200,6 @@ def _weight_sync_address(sync_cfg) -> str:
 
 def build_parts(cfg, runtime) -> TrainerParts:
     """Construct every part of a run for this process (collective: call on every rank)."""
-    from transformers import AutoTokenizer
-
     if not cfg.model.hf_path:
         raise ConfigError("model.hf_path: the trainer needs a Hugging Face directory for the "
                           "tokenizer and the rollout engine's architecture")
@@ -209,13 +207,37 @@ def build_parts(cfg, runtime) -> TrainerParts:
         raise ConfigError("data.train_path: no training prompts given")
     run_dir = Path(cfg.logging.run_dir)
     ckpt_root = Path(cfg.checkpoint.dir or run_dir / "checkpoints")
+    # The engine first: a server fleet or the embedded engine's process starts up while the
+    # learner is built (its handshake is read at first use).
+    engine = _start_engine(cfg, run_dir) if runtime.is_main else None
+    try:
+        parts = _build_the_rest(cfg, runtime, run_dir, ckpt_root, engine)
+    except BaseException:
+        if engine is not None:
+            engine.shutdown()
+        raise
+    if runtime.world_size > 1:
+        dist.barrier()
+    return parts
+
+
+def _start_engine(cfg, run_dir: Path):
+    from gspo_megatron.rollout.factory import build_engine
+
+    return build_engine(cfg.rollout, model_path=cfg.model.hf_path, log_dir=str(run_dir / "logs"))
+
+
+def _build_the_rest(cfg, runtime, run_dir: Path, ckpt_root: Path, engine) -> TrainerParts:
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.hf_path)
     train = load_prompt_dataset(cfg.data.train_path, tokenizer, cfg.data)
     sampler = PromptSampler(train.records, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
     learner = Learner(cfg, runtime, total_steps=cfg.trainer.num_steps * cfg.batch.num_mini_batches)
     parts = TrainerParts(cfg=cfg, runtime=runtime, learner=learner, tokenizer=tokenizer,
                          sampler=sampler, policy_loss=get_policy_loss(cfg.algo.loss), sft_loss=sft_loss,
-                         preemption=PreemptionFlag(), run_dir=run_dir, ckpt_root=ckpt_root)
+                         preemption=PreemptionFlag(), run_dir=run_dir, ckpt_root=ckpt_root,
+                         engine=engine)
     _initial_weights(parts)
     if cfg.algo.kl_coef > 0:
         parts.reference = Learner(cfg, runtime, total_steps=1)
@@ -223,12 +245,8 @@ def build_parts(cfg, runtime) -> TrainerParts:
     parts.logger = MetricsLogger(run_dir, cfg.logging.wandb,
                                  OmegaConf.to_container(cfg, resolve=True), enabled=runtime.is_main)
     if runtime.is_main:
-        from gspo_megatron.rollout.factory import build_engine
-        from gspo_megatron.weight_sync.factory import build_transport
-
-        parts.engine = build_engine(cfg.rollout, model_path=cfg.model.hf_path,
-                                    log_dir=str(run_dir / "logs"))
         from gspo_megatron.distributed.runtime import free_port
+        from gspo_megatron.weight_sync.factory import build_transport
 
         build_transport(cfg.rollout.weight_sync, parts.engine, mode=cfg.rollout.mode,
                         server_tp_size=cfg.rollout.sglang.tp,
@@ -238,8 +256,6 @@ def build_parts(cfg, runtime) -> TrainerParts:
         parts.reward_runner = RolloutScorer(RewardRunner.from_config(cfg.reward), tokenizer)
         if cfg.data.eval_path:
             parts.eval_prompts = load_prompt_dataset(cfg.data.eval_path, tokenizer, cfg.data).records
-    if runtime.world_size > 1:
-        dist.barrier()
     return parts
 
 
