@@ -144,7 +144,11 @@ def engine_main(conn, hf_dir: str, device: str, dtype_name: str) -> None:
 
 
 class EngineProcess:
-    """Start, talk to and stop the engine child (spawned: CUDA cannot be forked)."""
+    """Start, talk to and stop the engine child (spawned: CUDA cannot be forked).
+
+    Time limits (start 300 s, each call 180 s) stay inside the device run's own limit, so a hung
+    IPC call becomes this check's error and the kit goes on.
+    """
 
     def __init__(self, hf_dir, device: torch.device, dtype_name: str) -> None:
         import multiprocessing as mp
@@ -158,18 +162,19 @@ class EngineProcess:
 
     def _receive(self, timeout_s: float) -> Any:
         if not self._conn.poll(timeout_s):
+            self.proc.terminate()  # a late answer would desynchronise the pipe: end the child
             raise TimeoutError(f"engine process gave no answer within {timeout_s:.0f} s")
         status, value = self._conn.recv()
         if status != "ok":
             raise RuntimeError(f"engine process failed:\n{value}")
         return value
 
-    def wait_ready(self, timeout_s: float = 600.0) -> Dict[str, Any]:
+    def wait_ready(self, timeout_s: float = 300.0) -> Dict[str, Any]:
         if not self.ready:
             self.ready = self._receive(timeout_s)
         return self.ready
 
-    def call(self, cmd: str, arg: Any = None, timeout_s: float = 600.0) -> Any:
+    def call(self, cmd: str, arg: Any = None, timeout_s: float = 180.0) -> Any:
         self.wait_ready(timeout_s)
         self._conn.send((cmd, arg))
         return self._receive(timeout_s)

@@ -137,8 +137,12 @@ def run_kit(sizes: KitSizes, device: torch.device, out_dir: Path, work_dir: Path
         run_check(report, "cpu_compat_not_applied", check_cpu_compat, runtime, selected=selected)
         run_check(report, "logprob_kernel_memory", check_logprob_memory, device, sizes,
                   selected=selected)
-        peak = matmul_peak_tflops(device, DTYPES[sizes.params_dtype], sizes.matmul_n,
-                                  sizes.matmul_iters)
+        try:
+            peak = matmul_peak_tflops(device, DTYPES[sizes.params_dtype], sizes.matmul_n,
+                                      sizes.matmul_iters)
+        except RuntimeError as exc:  # e.g. out of memory: MFU is then unknown, not fatal
+            log.warning("matmul peak not measured: %s", exc)
+            peak = float("nan")
         report.environment["matmul_peak_tflops"] = float(f"{peak:.4g}")
         needs_model = {"learner_train", "logprobs_vs_hf", "weight_sync_cuda_ipc", "te_fp8"}
         if needs_model & set(selected):
@@ -152,6 +156,8 @@ def run_kit(sizes: KitSizes, device: torch.device, out_dir: Path, work_dir: Path
                   lambda: check_logprobs_vs_hf(learner(), setup.hf_model, sizes), selected=selected)
         setup.hf_model = None  # the reference model is not needed any more
         gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         run_check(report, "learner_train",
                   lambda: check_learner_train(learner(), runtime, sizes, peak), selected=selected)
         run_check(report, "weight_sync_cuda_ipc",
