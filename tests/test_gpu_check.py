@@ -36,7 +36,7 @@ def test_cpu_dry_run_passes_every_check_it_can(tmp_path):
     report = json.loads((out / "gpu_check.json").read_text())
     assert report["mode"] == "cpu-dry-run" and report["status"] == "pass"
     checks = {c["name"]: c for c in report["checks"]}
-    assert set(checks) == set(CHECKS) | {"setup"}
+    assert set(checks) == set(CHECKS) | {"runtime", "setup"}
     assert {n: c["status"] for n, c in checks.items() if c["status"] != "pass"} == \
         {"te_fp8": "not_run"}
     assert "GPU" in checks["te_fp8"]["message"]

@@ -1,12 +1,13 @@
 """Run the kit's checks in order, time each, and write ``gpu_check.json`` / ``gpu_check.txt``.
 
 Order (cheap and independent first, so a crash late still leaves most results): the runtime
-(NCCL on GPU, gloo + CPU compatibility layer on CPU) and check 6; check 3 (kernel memory, needs
-no model); the random HF model written to a scratch directory and the engine process started on
-it (it loads while the learner is built); the learner loaded through the converter; checks 2,
-1 and 5 on it; check 4 last (it builds two more learners). A check that raises is reported as
-``error`` with its traceback's tail and the next one runs; checks that need a part that failed
-to build report ``error`` naming it.
+(NCCL on GPU, gloo + CPU compatibility layer on CPU; reported as ``runtime``); check 3 (kernel
+memory, needs neither runtime nor model); check 6; the random HF model written to a scratch
+directory and the engine process started on it (it loads while the learner is built), then the
+learner loaded through the converter (reported as ``setup``); checks 2, 1 and 5 on it; check 4
+last (it builds two more learners). A check that raises is reported as ``error`` with its
+traceback's tail and the next one runs; checks whose runtime or learner is missing report
+``error`` saying so.
 
     python tools/gpu_check.py --out runs/gpu_check               # on a GPU machine
     python tools/gpu_check.py --cpu-dry-run --out /tmp/gpu_check  # tiny sizes, CPU (CI)
@@ -60,7 +61,7 @@ def run_check(report: Report, name: str, fn: Callable, *args, selected=CHECKS) -
 
 def _needs(part: Optional[object], what: str) -> None:
     if part is None:
-        raise RuntimeError(f"{what} could not be built (see the setup entry)")
+        raise RuntimeError(f"{what} is not available (see the runtime / setup entries)")
 
 
 def environment(device: torch.device) -> Dict[str, object]:
@@ -72,9 +73,29 @@ def environment(device: torch.device) -> Dict[str, object]:
                               "megatron_core": getattr(megatron.core, "__version__", "?"),
                               "transformers": transformers.__version__, "device": str(device)}
     if device.type == "cuda":
+        nccl = torch.cuda.nccl.version()
         env.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
-                   nccl=".".join(map(str, torch.cuda.nccl.version())))
+                   nccl=".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl))
     return env
+
+
+def start_runtime(report: Report):
+    """NCCL (GPU) or gloo (CPU) with Megatron's parallel state; None, reported, if it fails."""
+    from gspo_megatron.config.schema import ParallelConfig
+    from gspo_megatron.distributed.runtime import init_distributed
+
+    t0 = time.perf_counter()
+    try:
+        runtime = init_distributed(ParallelConfig(world_size=1), seed=1234, environ={})
+    except Exception as exc:
+        tail = "".join(traceback.format_exc().splitlines(keepends=True)[-12:])
+        report.add(CheckResult("runtime", "error", f"{type(exc).__name__}: {exc}",
+                               {"traceback": tail}, time.perf_counter() - t0))
+        return None
+    report.add(CheckResult("runtime", "pass", f"{runtime.backend} on {runtime.device}",
+                           {"backend": runtime.backend, "device": str(runtime.device)},
+                           time.perf_counter() - t0))
+    return runtime
 
 
 class _Setup:
@@ -119,8 +140,7 @@ class _Setup:
 def run_kit(sizes: KitSizes, device: torch.device, out_dir: Path, work_dir: Path,
             selected=CHECKS) -> Report:
     """Every selected check, in order; the report is rewritten into ``out_dir`` after each."""
-    from gspo_megatron.config.schema import ParallelConfig
-    from gspo_megatron.distributed.runtime import init_distributed, shutdown_distributed
+    from gspo_megatron.distributed.runtime import shutdown_distributed
     from gspo_megatron.gpu_check.fp8_check import check_te_fp8
     from gspo_megatron.gpu_check.kernel_check import check_logprob_memory
     from gspo_megatron.gpu_check.learner_checks import (check_cpu_compat, check_learner_train,
@@ -131,11 +151,17 @@ def run_kit(sizes: KitSizes, device: torch.device, out_dir: Path, work_dir: Path
     report = Report(mode="gpu" if device.type == "cuda" else "cpu-dry-run", out_dir=out_dir)
     report.environment = environment(device)
     report.write()
-    runtime = init_distributed(ParallelConfig(world_size=1), seed=1234, environ={})
+    runtime = start_runtime(report)
     setup = _Setup(report, sizes, device, work_dir)
+
+    def the_runtime():
+        _needs(runtime, "the distributed runtime")
+        return runtime
+
     try:
-        run_check(report, "cpu_compat_not_applied", check_cpu_compat, runtime, selected=selected)
         run_check(report, "logprob_kernel_memory", check_logprob_memory, device, sizes,
+                  selected=selected)
+        run_check(report, "cpu_compat_not_applied", lambda: check_cpu_compat(the_runtime()),
                   selected=selected)
         try:
             peak = matmul_peak_tflops(device, DTYPES[sizes.params_dtype], sizes.matmul_n,
@@ -145,7 +171,7 @@ def run_kit(sizes: KitSizes, device: torch.device, out_dir: Path, work_dir: Path
             peak = float("nan")
         report.environment["matmul_peak_tflops"] = float(f"{peak:.4g}")
         needs_model = {"learner_train", "logprobs_vs_hf", "weight_sync_cuda_ipc", "te_fp8"}
-        if needs_model & set(selected):
+        if needs_model & set(selected) and runtime is not None:
             setup.build(with_engine="weight_sync_cuda_ipc" in selected, runtime=runtime)
 
         def learner():
@@ -166,7 +192,7 @@ def run_kit(sizes: KitSizes, device: torch.device, out_dir: Path, work_dir: Path
         if setup.engine is not None:
             setup.engine.close()
         run_check(report, "te_fp8",
-                  lambda: check_te_fp8(setup.hf_dir, sizes, work_dir / "run", runtime,
+                  lambda: check_te_fp8(setup.hf_dir, sizes, work_dir / "run", the_runtime(),
                                        setup.learner),
                   selected=selected)
     finally:
