@@ -116,7 +116,7 @@ def test_gpu_sizes_keep_qwen3_30b_a3b_layer_shapes():
 def test_kit_learner_configs_validate_and_map_to_megatron(tmp_path):
     """The GPU run's learner configs (local spec; TE + FP8) pass validation and Megatron mapping."""
     from gspo_megatron.config.schema import FP8Config
-    from gspo_megatron.gpu_check.fixture import learner_config
+    from gspo_megatron.gpu_check.inputs import learner_config
     from gspo_megatron.model.provider import transformer_config_kwargs
 
     sizes = gpu_sizes(2)

@@ -7,7 +7,7 @@ real layer shapes, and writes ``gpu_check.json`` + ``gpu_check.txt`` into DIR. W
 ``--cpu-dry-run`` the same code runs on tiny sizes on CPU (CI keeps the kit working). How to run
 it on a GPU machine, and what it found there: ``docs/gpu.md``.
 
-Modules: ``sizes`` (the two size sets), ``report`` (results, JSON and text), ``fixture`` (random
+Modules: ``sizes`` (the two size sets), ``report`` (results, JSON and text), ``inputs`` (random
 HF model, batches, learner configs), ``throughput`` (matmul peak, model FLOPs), one module per
 group of checks (``learner_checks``, ``kernel_check``, ``fp8_check``, ``weight_sync_check``),
 ``ipc_engine`` (the embedded engine in its own process behind SGLang's tensor endpoint) and

@@ -2,8 +2,9 @@
 
 1. ``check_learner_train``: the project's :class:`Learner` (Megatron GPTModel, DDP, distributed
    optimizer) runs its log-prob pass and GSPO train steps; tokens/s, model TFLOP/s and MFU
-   against the matmul peak measured in the same process; every step must update the weights
-   with a finite loss and gradient norm.
+   against the matmul peak measured in the same process; no step may be skipped, losses and
+   gradient norms must be finite (the first step's, where every ratio is 1, non-zero) and the
+   weights must change.
 2. ``check_logprobs_vs_hf``: the learner's per-token log-probs against transformers' on the same
    weights (read into the learner by the project's converter). The reference is the HF model in
    fp32; the learner passes when its mean error is within twice HF's own error in the learner's
@@ -20,7 +21,7 @@ from typing import Dict, List
 
 import torch
 
-from gspo_megatron.gpu_check.fixture import token_batch, with_policy_inputs
+from gspo_megatron.gpu_check.inputs import token_batch, with_policy_inputs
 from gspo_megatron.gpu_check.report import Outcome
 from gspo_megatron.gpu_check.sizes import KitSizes
 from gspo_megatron.gpu_check.throughput import forward_flops, synchronize, train_step_flops

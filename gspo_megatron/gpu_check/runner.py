@@ -108,7 +108,7 @@ class _Setup:
         self.numbers: Dict[str, object] = {}
 
     def build(self, with_engine: bool, runtime) -> None:
-        from gspo_megatron.gpu_check.fixture import learner_config, params_dtype, write_random_hf_model
+        from gspo_megatron.gpu_check.inputs import learner_config, params_dtype, write_random_hf_model
         from gspo_megatron.gpu_check.ipc_engine import EngineProcess
         from gspo_megatron.gpu_check.learner_checks import build_learner
 

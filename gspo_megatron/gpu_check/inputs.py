@@ -9,7 +9,6 @@ learner config comes from that directory's config.json (``model_config_for_hf_di
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
@@ -20,8 +19,6 @@ from gspo_megatron.config.schema import FP8Config, GSPOConfig, ModelConfig, Para
 from gspo_megatron.gpu_check.sizes import KitSizes
 from gspo_megatron.gpu_check.throughput import DTYPES
 from gspo_megatron.learner.batch import SequenceBatch
-
-log = logging.getLogger(__name__)
 
 
 def write_random_hf_model(hf_config: dict, out_dir: Path, dtype: torch.dtype,
