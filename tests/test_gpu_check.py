@@ -51,6 +51,17 @@ def test_cpu_dry_run_passes_every_check_it_can(tmp_path):
     assert "PASS" in (out / "gpu_check.txt").read_text()
 
 
+@pytest.mark.slow
+def test_a_subset_of_checks_builds_no_model(tmp_path):
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_check.py"), "--cpu-dry-run",
+                          "--checks", "logprob_kernel_memory", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert [c["name"] for c in report["checks"]] == ["runtime", "logprob_kernel_memory"]
+
+
 def test_report_status_summary_and_files(tmp_path):
     report = Report(mode="gpu", out_dir=tmp_path, environment={"device": "cuda:0"})
     report.add(CheckResult("a", "pass", "fine", {"x": 1.23456}))
