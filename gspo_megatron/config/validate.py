@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+from gspo_megatron.config.allocation import allocation_problems, fleet_problems
 from gspo_megatron.config.sequence_padding import FP8_RECIPES, pad_multiple_for, round_up
 
 CHOICES = {
@@ -93,6 +94,12 @@ def _check_fp8(cfg, check) -> None:
                                       and fp8.num_layers_at_end_in_bf16 == 0),
           "model.fp8.recipe", "the 'delayed' recipe cannot keep first/last layers in BF16 "
           "(Megatron refuses it); set num_layers_at_start/end_in_bf16=0 or use 'tensorwise'")
+
+
+def _check_fleet_and_allocation(cfg, check) -> None:
+    """Rollout servers SGLang and the update group accept, filling the job's nodes exactly."""
+    for key, message in fleet_problems(cfg.rollout) + allocation_problems(cfg):
+        check(False, key, message)
 
 
 def validate_config(cfg, world_size: Optional[int] = None) -> None:
@@ -197,6 +204,7 @@ def validate_config(cfg, world_size: Optional[int] = None) -> None:
     _check_sequence_padding(cfg, check)
 
     _check_fp8(cfg, check)
+    _check_fleet_and_allocation(cfg, check)
     check(cfg.optimizer.lr > 0, "optimizer.lr", "must be > 0")
     check(cfg.optimizer.max_consecutive_nonfinite >= 1, "optimizer.max_consecutive_nonfinite",
           "must be >= 1")
