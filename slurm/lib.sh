@@ -63,10 +63,12 @@ gspo_setup_run_dir() {
   GSPO_LOG_DIR="${GSPO_RUN_DIR}/logs/${job_key}"
   if ((${GSPO_DRY_RUN:-0})); then
     # Nothing is written under the run directory; the plan goes to a scratch folder.
+    # shellcheck disable=SC2034  # read by slurm/train_job.sh
     GSPO_PLAN_DIR=$(mktemp -d "${TMPDIR:-/tmp}/gspo-dry-run.XXXXXX")
     export GSPO_RUN_DIR GSPO_LOG_DIR GSPO_RESTART
     return 0
   fi
+  # shellcheck disable=SC2034  # read by slurm/train_job.sh
   GSPO_PLAN_DIR=$GSPO_LOG_DIR
   mkdir -p "$GSPO_LOG_DIR" || {
     echo "error: cannot create the log directory $GSPO_LOG_DIR" >&2

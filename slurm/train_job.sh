@@ -9,6 +9,7 @@
 # (slurm/lib.sh, which this file needs sourced first). `--dry-run` prints all of it instead.
 
 # Settings that used to be environment variables; the config now holds each (one source).
+# shellcheck disable=SC2153  # the keys are names, not variables read here
 readonly -A GSPO_RETIRED_SETTINGS=(
   [GSPO_MODE]="rollout.mode"
   [GSPO_NUM_LEARNER_NODES]="launch.num_learner_nodes"
