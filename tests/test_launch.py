@@ -160,3 +160,10 @@ def test_server_task_execs_the_command_of_its_node_and_index(tmp_path):
     run = subprocess.run([sys.executable, "-m", "gspo_megatron.launch.server_task", str(path)], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "no server for task 1 on node n9" in run.stderr
+
+
+def test_the_planner_imports_neither_torch_nor_megatron():
+    code = ("import sys, gspo_megatron.launch.__main__, gspo_megatron.launch.server_task; "
+            "print(sorted(m for m in ('torch', 'megatron', 'transformers', 'sglang') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -52,8 +52,9 @@ CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 
 
 def _check_context_parallel(cfg, check) -> None:
-    """Context parallelism splits every sequence into ``2 * cp`` chunks (load balancing)."""
-    m, p, b = cfg.model, cfg.parallel, cfg.batch
+    """Context parallelism: the communication type TE is asked for, and what it needs of the heads
+    (the padding to ``2 * cp`` chunks is :func:`_check_sequence_padding`)."""
+    m, p = cfg.model, cfg.parallel
     if p.cp == 1:
         return
     comm = p.cp_comm_type  # None: TE's default, p2p
