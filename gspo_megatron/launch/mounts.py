@@ -39,7 +39,9 @@ class Mount:
         return ":".join([self.source, self.target] + ([self.flags] if self.flags else []))
 
 
-def _absolute(path: str, base: str) -> str:
+def absolute_path(path: str, base: str) -> str:
+    """``path`` as the job sees it: relative paths are relative to ``base`` (the repository,
+    every step's working directory)."""
     p = PurePosixPath(path)
     return str(p if p.is_absolute() else PurePosixPath(base) / p)
 
@@ -89,7 +91,7 @@ def container_mounts(cfg, repo: str, user: Iterable[Mount] = ()) -> List[Mount]:
         value = _get(cfg, key)
         if value is None:
             continue
-        path = _normalise(_absolute(value, repo))
+        path = _normalise(absolute_path(value, repo))
         if is_file:
             path = str(PurePosixPath(path).parent)
         wanted.append(Mount(path, path, key))

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from gspo_megatron.config.allocation import NodeRoles, devices_per_server, node_roles, runs_servers
-from gspo_megatron.launch.mounts import Mount, container_mounts
+from gspo_megatron.launch.mounts import Mount, absolute_path, container_mounts
 from gspo_megatron.rollout.sglang_launcher import reference_server_command, sglang_server_command
 
 # Flags the config owns; GSPO_SGLANG_EXTRA_ARGS may not set them (a second source of the fleet).
@@ -146,10 +146,6 @@ def server_tasks(cfg, rollout_nodes: Sequence[Node], roles: NodeRoles, job: JobS
     return tasks
 
 
-def _absolute(path: str, repo: str) -> str:
-    return path if path.startswith("/") else f"{repo.rstrip('/')}/{path}"
-
-
 def build_plan(cfg, nodes: Sequence[Node], job: JobSettings,
                overrides: Sequence[str] = ()) -> LaunchPlan:
     """The plan of ``cfg`` (already validated with ``launch.num_nodes = len(nodes)``).
@@ -163,7 +159,7 @@ def build_plan(cfg, nodes: Sequence[Node], job: JobSettings,
     if runs_servers(cfg.rollout):
         if not cfg.model.hf_path:
             raise ValueError("model.hf_path: the rollout servers load it first; set it (or GSPO_HF_DIR)")
-        servers = server_tasks(cfg, rollout_nodes, roles, job, _absolute(cfg.model.hf_path, job.repo))
+        servers = server_tasks(cfg, rollout_nodes, roles, job, absolute_path(cfg.model.hf_path, job.repo))
     trainer_overrides = list(overrides)
     if servers:
         trainer_overrides.append(f"rollout.sglang.server_addresses=[{','.join(s.address for s in servers)}]")
