@@ -336,12 +336,6 @@ gspo_cpus_per_task() {
   echo $((cpus > 0 ? cpus : 1))
 }
 
-gspo_join() {
-  local IFS=$1
-  shift
-  printf '%s' "$*"
-}
-
 # Entry point of slurm/convert.sh and slurm/export.sh (after gspo_setup_run_dir): one process
 # on one node, supervised.
 gspo_single_step_main() {

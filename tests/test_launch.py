@@ -70,7 +70,7 @@ def test_four_node_plan_places_learners_and_servers():
     cfg = load_config(PROD, overrides)
     plan = build_plan(cfg, NODES, job(), overrides)
     assert [n.name for n in plan.learner_nodes] == ["n1", "n2"] and [n.name for n in plan.rollout_nodes] == ["n3", "n4"]
-    assert plan.server_addresses == ["10.0.0.3:30000", "10.0.0.3:30001", "10.0.0.4:30000", "10.0.0.4:30001"]
+    assert [s.address for s in plan.servers] == ["10.0.0.3:30000", "10.0.0.3:30001", "10.0.0.4:30000", "10.0.0.4:30001"]
     server = plan.servers[1]
     assert (server.node, server.local_id, server.devices) == ("n3", 1, [4, 5, 6, 7])
     assert server.argv[:3] == ["/usr/bin/python3", "-m", "sglang.launch_server"]

@@ -86,10 +86,6 @@ class LaunchPlan:
     rollout_srun: List[str] = field(default_factory=list)
 
     @property
-    def server_addresses(self) -> List[str]:
-        return [s.address for s in self.servers]
-
-    @property
     def learner_world_size(self) -> int:
         return len(self.learner_nodes) * self.roles.learner_procs_per_node
 
