@@ -41,6 +41,7 @@ assert filesystem_async._get_write_results_queue().__class__.__module__ == "queu
 import os
 import torch.distributed as dist
 from megatron.core.distributed import param_and_grad_buffer as pgb
+assert pgb.dist_reduce_scatter_func.single_rank_identity and pgb.dist_all_gather_func.single_rank_identity
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PROBE_PORT"])
 dist.init_process_group("gloo", rank=0, world_size=1)
 buf = torch.arange(6.0)

@@ -159,7 +159,7 @@ def _single_rank_identity(collective):
             output.copy_(input_.view_as(output))
         return _DoneWork() if async_op else None
 
-    call.__wrapped__ = collective
+    call.single_rank_identity = True
     return call
 
 
@@ -177,7 +177,7 @@ def _patch_single_rank_collectives() -> None:
 
     for name in ("dist_reduce_scatter_func", "dist_all_gather_func"):
         current = getattr(pgb, name)
-        if not hasattr(current, "__wrapped__"):
+        if not getattr(current, "single_rank_identity", False):
             setattr(pgb, name, _single_rank_identity(current))
 
 
