@@ -138,7 +138,8 @@ def gspo_command(args, assets: Path, run_dir: Path, extra) -> list:
             "logging.plot=false", f"trainer.num_steps={args.steps}", "trainer.num_sft_steps=0",
             f"batch.num_prompts_per_step={args.prompts}", f"rollout.n_samples_per_prompt={args.samples}",
             f"batch.num_mini_batches={STEPS_PER_GENERATION}", f"rollout.max_new_tokens={args.max_new_tokens}",
-            "data.max_prompt_tokens=16", "optimizer.lr=1e-5", "optimizer.lr_decay_style=constant",
+            "data.max_prompt_tokens=16", "optimizer.lr=1e-5", "optimizer.min_lr=0",
+            "optimizer.lr_decay_style=constant",
             "optimizer.warmup_steps=0", "optimizer.weight_decay=0.0", "algo.old_logprob_source=rollout",
             "checkpoint.save_every_steps=0", "checkpoint.resume=never", "trainer.eval_every_steps=0",
             *extra]

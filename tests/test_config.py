@@ -87,6 +87,7 @@ def test_missing_file_and_cycle_are_reported(tmp_path):
     (["rollout.overlap_one_step=true", "rollout.weight_sync.transport=disk",
       "rollout.weight_sync.disk_dir=/tmp/x"], "through shared memory"),
     (["rollout.embedded_num_threads=0"], "rollout.embedded_num_threads: must be >= 1"),
+    (["optimizer.lr=1e-5", "optimizer.min_lr=1e-4"], "optimizer.min_lr: 0.0001 must be in"),
     (["parallel.world_size=8", "parallel.tp=2", "parallel.sp=true", "batch.num_prompts_per_step=1",
       "rollout.n_samples_per_prompt=4", "batch.num_mini_batches=4"],
      "cannot feed 4 data-parallel ranks"),

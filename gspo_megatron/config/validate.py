@@ -222,6 +222,8 @@ def validate_config(cfg, world_size: Optional[int] = None) -> None:
     _check_fp8(cfg, check)
     _check_fleet_and_allocation(cfg, check)
     check(cfg.optimizer.lr > 0, "optimizer.lr", "must be > 0")
+    check(0 <= cfg.optimizer.min_lr <= cfg.optimizer.lr, "optimizer.min_lr",
+          f"{cfg.optimizer.min_lr} must be in [0, optimizer.lr={cfg.optimizer.lr}]")
     check(cfg.optimizer.max_consecutive_nonfinite >= 1, "optimizer.max_consecutive_nonfinite",
           "must be >= 1")
 
