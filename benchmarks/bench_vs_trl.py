@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -151,6 +152,7 @@ def _load() -> float:
 
 def run_side(side: str, args, assets: Path, work: Path, trl_python: Path, index: int) -> dict:
     run_dir = work / f"{side}_{index}"
+    shutil.rmtree(run_dir, ignore_errors=True)  # the metrics log of a run dir is appended to
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(REPO))
     if side == "trl":
         cmd = [str(trl_python), __file__, "--child", "trl", "--assets", str(assets),
@@ -203,7 +205,9 @@ def main(argv=None) -> int:
     p.add_argument("--batch-scale", type=int, default=1, help="prompts per step = 8 x this")
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of every side")
+    p.add_argument("--threads", type=int, default=1,
+                   help="OMP_NUM_THREADS of every side (1: with two threads a busy machine makes "
+                        "OpenMP's barriers spin; both sides slowed down >10x in such runs)")
     p.add_argument("--work", default=str(REPO / "runs" / "bench_vs_trl"))
     p.add_argument("--trl-venv", default=None, help="default: <work>/trl_venv")
     p.add_argument("--trl-version", default="1.16.0")
