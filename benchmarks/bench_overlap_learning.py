@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--work", default=str(REPO / "runs" / "overlap_learning"))
     p.add_argument("overrides", nargs="*", help="gspo-train overrides for both modes")
     args = p.parse_args(argv)

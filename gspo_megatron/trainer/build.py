@@ -215,8 +215,15 @@ def build_parts(cfg, runtime) -> TrainerParts:
 
 
 def _start_engine(cfg, run_dir: Path):
+    import torch
+
     from gspo_megatron.rollout.factory import build_engine
 
+    r = cfg.rollout
+    if r.overlap_one_step and r.engine == "embedded":  # the engine's process takes its cores
+        threads = max(1, torch.get_num_threads() - r.embedded_num_threads)
+        log.info("learner: %d torch thread(s) beside the engine's %d", threads, r.embedded_num_threads)
+        torch.set_num_threads(threads)
     return build_engine(cfg.rollout, model_path=cfg.model.hf_path, log_dir=str(run_dir / "logs"))
 
 
