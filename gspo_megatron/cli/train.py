@@ -1,9 +1,16 @@
 """``gspo-train CONFIG [key=value ...] [--resume]``: run GSPO (or GRPO) training.
 
 Launch one process per learner rank (``torchrun`` or Slurm ``srun``; a plain call is one rank).
-Exit codes: 0 done; 2 bad configuration or input (message names the file / key); 3 training
-stopped on repeated non-finite losses (last good state saved); 124 checkpointed after a
-preemption signal, requeue to resume.
+Exit codes: 0 done; 2 bad configuration or input (message names the file / key; nothing is
+written); 3 training stopped on repeated non-finite losses (last good state saved); 4 an output
+could not be written (disk full or I/O error: the message names the path, the partial output is
+removed, and a rerun resumes from the last complete checkpoint); 124 preempted (checkpointed
+after the current step, or signalled during start-up): requeue to resume.
+
+Start-up order, each step before anything slower: preemption handlers (SIGUSR1 would otherwise
+end the job with no requeue); config; the run directory's lock (one job per run directory);
+leftovers of interrupted writes cleaned; inputs checked and parts built; only then is
+``config.yaml`` written and training started.
 """
 
 from __future__ import annotations
@@ -13,10 +20,12 @@ import logging
 import os
 import sys
 import warnings
-from typing import List, Optional
+from pathlib import Path
+from typing import Callable, List, Optional
 
 EXIT_CONFIG = 2
 EXIT_NONFINITE = 3
+EXIT_WRITE_FAILED = 4
 
 
 def _setup_logging(rank: int) -> None:
@@ -37,41 +46,106 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _main_rank_first(runtime, fn: Callable[[], None]) -> None:
+    """Run ``fn`` on the main rank; re-raise its exception on every rank (collective)."""
+    error = None
+    if runtime.is_main:
+        try:
+            fn()
+        except Exception as exc:  # handed to every rank, then classified by the caller
+            error = exc
+    if runtime.world_size > 1:
+        import torch.distributed as dist
+
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error is not None:
+        raise error
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    from gspo_megatron.trainer.preemption import PreemptionFlag
+
+    preemption = PreemptionFlag()  # first of all: SIGUSR1's default action ends the job (138)
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
     _setup_logging(rank)
     log = logging.getLogger("gspo-train")
 
-    from gspo_megatron.config import ConfigError, load_config, save_config
-    from gspo_megatron.data.records import DataLoadError
-    from gspo_megatron.rewards.registry import RewardLookupError
-    from gspo_megatron.distributed.runtime import detect_launch_env, init_distributed, shutdown_distributed
+    from gspo_megatron.config import ConfigError, load_config
 
     overrides = list(args.overrides) + (["checkpoint.resume=always"] if args.resume else [])
     try:
+        from gspo_megatron.distributed.runtime import detect_launch_env
+
         cfg = load_config(args.config, overrides, world_size=detect_launch_env().world_size)
     except ConfigError as exc:
         log.error("%s", exc)
         return EXIT_CONFIG
+    code = preemption.exit_code_if_requested("loading the config")
+    if code is not None:
+        return code
+    return _run(cfg, preemption, log)
+
+
+def _run(cfg, preemption, log: logging.Logger) -> int:
+    from gspo_megatron.config import ConfigError, save_config
+    from gspo_megatron.data.records import DataLoadError
+    from gspo_megatron.distributed.child_processes import children_die_with_this_process
+    from gspo_megatron.distributed.runtime import init_distributed, shutdown_distributed
+    from gspo_megatron.learner.checkpoint_files import (CheckpointError, checkpoint_root,
+                                                        clean_leftovers)
+    from gspo_megatron.learner.disk_space import OutputWriteError, describe_write_failure
+    from gspo_megatron.rewards.registry import RewardLookupError
+    from gspo_megatron.trainer.run_lock import RunDirLock, RunDirLockedError
+
+    children_die_with_this_process()
+    run_dir = Path(cfg.logging.run_dir)
+    created_run_dir = not run_dir.exists()
+    lock = RunDirLock(run_dir)
     runtime = init_distributed(cfg.parallel, seed=cfg.trainer.seed)
+    finished_cleanly = False
     try:
         from gspo_megatron.learner.learner import NonFiniteTrainingError
         from gspo_megatron.trainer.build import build_parts
         from gspo_megatron.trainer.loop import run_training
 
-        if runtime.is_main:
-            save_config(cfg, os.path.join(cfg.logging.run_dir, "config.yaml"))
         try:
-            parts = build_parts(cfg, runtime)
-            return run_training(parts)
-        except (ConfigError, DataLoadError, RewardLookupError) as exc:
+            _main_rank_first(runtime, lock.acquire)
+
+            def tidy() -> None:  # before anything else is written (a full disk needs the room)
+                clean_leftovers(checkpoint_root(cfg.checkpoint, run_dir))
+                clean_leftovers(run_dir)
+
+            _main_rank_first(runtime, tidy)
+            parts = build_parts(cfg, runtime, preemption)
+
+            def write_config() -> None:
+                path = run_dir / "config.yaml"
+                try:
+                    save_config(cfg, path)
+                except OSError as exc:
+                    raise OutputWriteError(describe_write_failure(exc, path, "config.yaml")) from None
+
+            _main_rank_first(runtime, write_config)
+            code = run_training(parts)
+            finished_cleanly = True
+            return code
+        except (ConfigError, DataLoadError, RewardLookupError, RunDirLockedError,
+                CheckpointError) as exc:
             log.error("%s", exc)
             return EXIT_CONFIG
         except NonFiniteTrainingError as exc:
             log.error("%s", exc)
             return EXIT_NONFINITE
+        except OutputWriteError as exc:
+            log.error("%s", exc)
+            return EXIT_WRITE_FAILED
     finally:
+        lock.release()
+        if created_run_dir and not finished_cleanly and run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()  # a start that failed leaves no trace
         shutdown_distributed()
 
 

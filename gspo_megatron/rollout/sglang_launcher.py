@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
+from gspo_megatron.distributed.child_processes import die_with_parent
+
 log = logging.getLogger(__name__)
 
 
@@ -71,7 +73,8 @@ class ServerLauncher:
             log_path = os.path.join(self.log_dir, f"server_{address.replace(':', '_')}.log")
             out = open(log_path, "ab")
         env = dict(os.environ, **(self.env or {}))
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                preexec_fn=die_with_parent)  # no orphan if the trainer is killed
         if out is not subprocess.DEVNULL:
             out.close()  # the child holds its own descriptor
         log.info("started rollout server pid %d at %s: %s", proc.pid, address, " ".join(command))
