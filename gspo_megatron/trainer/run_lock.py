@@ -109,6 +109,13 @@ class RunDirLock:
         except (OSError, ValueError):  # torn: a holder killed while writing it, or writing now
             return {"unreadable": True}
 
+    @staticmethod
+    def _same_holder(path: Path, holder: Dict[str, Any]) -> bool:
+        try:
+            return "unreadable" in holder or json.loads(path.read_text()) == holder
+        except (OSError, ValueError):
+            return True  # still torn: the same unreadable file we judged
+
     def _unreadable_reason(self) -> Optional[str]:
         try:
             age = time.time() - self.path.stat().st_mtime
@@ -136,6 +143,13 @@ class RunDirLock:
             try:
                 os.rename(self.path, aside)  # atomic: one taker wins
             except FileNotFoundError:
+                continue
+            if not self._same_holder(aside, holder):  # a fresh lock taken meanwhile: put it back
+                try:
+                    os.link(aside, self.path)
+                except FileExistsError:
+                    pass
+                os.unlink(aside)
                 continue
             os.unlink(aside)
             log.warning("took over the stale lock %s of %s: %s", self.path,
