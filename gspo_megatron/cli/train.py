@@ -16,6 +16,7 @@ leftovers of interrupted writes cleaned; inputs checked and parts built; only th
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -26,6 +27,9 @@ from typing import Callable, List, Optional
 EXIT_CONFIG = 2
 EXIT_NONFINITE = 3
 EXIT_WRITE_FAILED = 4
+# Write failures that end a run with EXIT_WRITE_FAILED wherever they happen (a metrics line,
+# the lock file): full disk, quota, read-only file system.
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 def _setup_logging(rank: int) -> None:
@@ -64,6 +68,18 @@ def _main_rank_first(runtime, fn: Callable[[], None]) -> None:
         raise error
 
 
+def _any_rank(runtime, flag: bool) -> bool:
+    """True on every rank when ``flag`` is true on any (collective)."""
+    if runtime.world_size == 1:
+        return flag
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([int(flag)], device=runtime.device)  # NCCL reduces device tensors only
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     from gspo_megatron.trainer.preemption import PreemptionFlag
 
@@ -98,6 +114,7 @@ def _run(cfg, preemption, log: logging.Logger) -> int:
                                                         clean_leftovers)
     from gspo_megatron.learner.disk_space import OutputWriteError, describe_write_failure
     from gspo_megatron.rewards.registry import RewardLookupError
+    from gspo_megatron.trainer.preemption import REQUEUE_EXIT_CODE
     from gspo_megatron.trainer.run_lock import RunDirLock, RunDirLockedError
 
     children_die_with_this_process()
@@ -120,6 +137,9 @@ def _run(cfg, preemption, log: logging.Logger) -> int:
 
             _main_rank_first(runtime, tidy)
             parts = build_parts(cfg, runtime, preemption)
+            if _any_rank(runtime, preemption.requested):  # signalled while building: requeue
+                parts.close()
+                return preemption.exit_code_if_requested("building the run") or REQUEUE_EXIT_CODE
 
             def write_config() -> None:
                 path = run_dir / "config.yaml"
@@ -141,6 +161,11 @@ def _run(cfg, preemption, log: logging.Logger) -> int:
             return EXIT_NONFINITE
         except OutputWriteError as exc:
             log.error("%s", exc)
+            return EXIT_WRITE_FAILED
+        except OSError as exc:
+            if exc.errno not in WRITE_ERRNOS:
+                raise
+            log.error("%s", describe_write_failure(exc, exc.filename or run_dir, "the run's outputs"))
             return EXIT_WRITE_FAILED
     finally:
         lock.release()

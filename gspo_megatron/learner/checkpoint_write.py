@@ -104,7 +104,9 @@ def _state_nbytes(state: Dict[str, Any]) -> int:
         elif torch.is_tensor(node) and _rank() == 0:  # common state, written by rank 0
             local += node.numel() * node.element_size()
     if _world() > 1:
-        total = torch.tensor([local], dtype=torch.int64)
+        on_gpu = dist.get_backend() == "nccl"  # NCCL reduces device tensors only
+        total = torch.tensor([local], dtype=torch.int64,
+                             device=torch.cuda.current_device() if on_gpu else "cpu")
         dist.all_reduce(total)
         return int(total.item())
     return local

@@ -105,7 +105,10 @@ class TrainerParts:
                                    tokenizer_dir=self.cfg.model.hf_path)
         if self.runtime.is_main:
             if self.cfg.logging.plot:
-                plot_history(self.logger.history, self.run_dir / "metrics.png")
+                try:
+                    plot_history(self.logger.history, self.run_dir / "metrics.png")
+                except OSError as exc:  # the plot is a convenience; metrics.jsonl has the data
+                    log.warning("could not write %s: %s", self.run_dir / "metrics.png", exc)
             log.info("exported the final policy to %s", out)
             table = before_after_table(self.logger.history)
             if table:
