@@ -68,8 +68,7 @@ class FakeRun:
 @pytest.fixture()
 def fake_wandb(monkeypatch):
     runs = []
-    ids = iter(f"run{i}" for i in range(100))
-    module = types.SimpleNamespace(util=types.SimpleNamespace(generate_id=lambda: next(ids)))
+    module = types.SimpleNamespace()
 
     def init(**kwargs):
         runs.append(FakeRun(kwargs))
@@ -99,7 +98,7 @@ def test_wandb_run_continues_when_nothing_was_logged_past_the_checkpoint(tmp_pat
     first.close()  # e.g. preempted right after the checkpoint of step 2
     second = MetricsLogger(tmp_path, Wandb())
     second.start(resumed_step=2)
-    assert fake_wandb[1].kwargs["id"] == fake_wandb[0].kwargs["id"] == "run0"
+    assert fake_wandb[1].kwargs["id"] == fake_wandb[0].kwargs["id"]
     assert fake_wandb[1].logged == []  # nothing replayed into the same run
 
 
@@ -111,7 +110,26 @@ def test_wandb_history_past_the_checkpoint_moves_to_a_new_run_with_the_kept_rows
         first.log(step, {"reward/mean": 0.1})  # killed after step 3; checkpoint at step 2
     second = MetricsLogger(tmp_path, Wandb())
     second.start(resumed_step=2)
-    assert fake_wandb[1].kwargs["id"] == "run1" and fake_wandb[1].logged == [0, 1, 2]
-    assert json.loads((tmp_path / WANDB_STATE_FILE).read_text()) == {"id": "run1"}
+    new_id = fake_wandb[1].kwargs["id"]
+    assert new_id != fake_wandb[0].kwargs["id"] and fake_wandb[1].logged == [0, 1, 2]
+    assert json.loads((tmp_path / WANDB_STATE_FILE).read_text()) == {"id": new_id}
     second.log(3, {"reward/mean": 0.2})
     assert fake_wandb[1].logged == [0, 1, 2, 3] == _steps(tmp_path)
+
+
+def test_real_wandb_offline_continues_the_same_run_id(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    first = MetricsLogger(tmp_path, Wandb())
+    first.start(None)
+    first.log(0, {"reward/mean": 0.1})
+    first.close()
+    run_id = json.loads((tmp_path / WANDB_STATE_FILE).read_text())["id"]
+    second = MetricsLogger(tmp_path, Wandb())
+    second.start(resumed_step=0)
+    second.log(1, {"reward/mean": 0.2})
+    second.close()
+    runs = sorted(p.name for p in (tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(name.endswith(f"-{run_id}") for name in runs)

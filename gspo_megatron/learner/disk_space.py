@@ -87,11 +87,21 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
 
 
 def _root_cause(exc: BaseException) -> BaseException:
-    last = exc
-    for e in _causes(exc):
-        if isinstance(e, BaseException):
-            last = e
-    return last
+    """The innermost exception: first failure of a DCP failure map, else the cause chain."""
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        failures = getattr(exc, "failures", None)
+        if isinstance(failures, dict) and failures:
+            first = next(iter(failures.values()))
+            exc = first[0] if isinstance(first, tuple) else first
+        elif exc.__cause__ is not None:
+            exc = exc.__cause__
+        elif exc.__context__ is not None:
+            exc = exc.__context__
+        else:
+            break
+    return exc
 
 
 def describe_write_failure(exc: BaseException, path: str | Path, what: str) -> str:
@@ -107,7 +117,7 @@ def describe_write_failure(exc: BaseException, path: str | Path, what: str) -> s
         free = None
     if free is not None and free < NEARLY_FULL_BYTES:
         return (f"no space left on {path} while writing {what} ({human_bytes(free)} free; "
-                f"the writer reported: {_first_line(exc)})")
+                f"the writer reported: {_first_line(_root_cause(exc))})")
     cause = _root_cause(exc)
     return f"writing {what} to {path} failed: {type(cause).__name__}: {_first_line(cause)}"
 

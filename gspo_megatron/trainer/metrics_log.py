@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import uuid
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -104,7 +105,7 @@ class MetricsLogger:
         os.environ.setdefault("WANDB_DIR", str(self.run_dir))
         state_path = self.run_dir / WANDB_STATE_FILE
         previous = json.loads(state_path.read_text()).get("id") if state_path.is_file() else None
-        run_id = previous if (continue_run and previous) else wandb.util.generate_id()
+        run_id = previous if (continue_run and previous) else uuid.uuid4().hex[:12]
         run = wandb.init(project=wandb_cfg.project, entity=wandb_cfg.entity,
                          name=wandb_cfg.name or self.run_dir.name, mode=mode,
                          dir=str(self.run_dir), config=self._config_dict, id=run_id,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import logging
 import os
@@ -21,13 +22,16 @@ import re
 import shlex
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[2]
+BUILD_ONCE = threading.RLock()
+"""Held while a shared artefact (reference run, converted checkpoint) is made."""
 TINY_CONFIG = REPO / "configs" / "tiny_cpu.yaml"
 TRACEBACK = "Traceback (most recent call last)"
 
@@ -57,7 +61,7 @@ class Workspace:
     model_dir: Path = field(init=False)
     train_path: Path = field(init=False)
     eval_path: Path = field(init=False)
-    _counter: int = 0
+    _counter: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     def __post_init__(self) -> None:
         from gspo_megatron.tiny_task.assets import make_tiny_assets
@@ -73,6 +77,10 @@ class Workspace:
 
     def converted_checkpoint(self) -> Path:
         """The tiny model converted once with gspo-convert (a complete checkpoint)."""
+        with BUILD_ONCE:  # faults run in threads
+            return self._convert()
+
+    def _convert(self) -> Path:
         out = self.root / "converted"
         if not out.exists():
             code = run([sys.executable, "-m", "gspo_megatron.cli.convert", "--hf-dir",
@@ -98,9 +106,8 @@ class Workspace:
         return d / "run"
 
     def fresh_dir(self, name: str) -> Path:
-        self._counter += 1
         slug = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")[:40]
-        path = self.root / f"{self._counter:03d}_{slug}"
+        path = self.root / f"{next(self._counter):03d}_{slug}"  # count(): safe across threads
         path.mkdir(parents=True)
         return path
 
