@@ -7,7 +7,8 @@ the host, PID, process start time, Slurm job id and start time of its holder. A 
 :class:`RunDirLockedError` naming that holder. A lock is stale, and taken over with a warning,
 when its holder is this very Slurm job (a requeued job keeps its id) or ran on this host and
 its process is gone (or the PID now belongs to a process started at another time). A stale lock
-is first renamed to a unique name, so of two jobs taking it over at once only one succeeds.
+is deleted under a short takeover mutex (only if it still names the stale holder), and the new
+lock is again created with ``O_EXCL``: of several jobs taking it over at once exactly one wins.
 
     with RunDirLock(run_dir):
         ...   # the lock file is removed on exit
@@ -109,13 +110,6 @@ class RunDirLock:
         except (OSError, ValueError):  # torn: a holder killed while writing it, or writing now
             return {"unreadable": True}
 
-    @staticmethod
-    def _same_holder(path: Path, holder: Dict[str, Any]) -> bool:
-        try:
-            return "unreadable" in holder or json.loads(path.read_text()) == holder
-        except (OSError, ValueError):
-            return True  # still torn: the same unreadable file we judged
-
     def _unreadable_reason(self) -> Optional[str]:
         try:
             age = time.time() - self.path.stat().st_mtime
@@ -125,9 +119,12 @@ class RunDirLock:
 
     def acquire(self) -> "RunDirLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(3):  # lost races (another job took over first) retry a few times
+        removed = None
+        for _ in range(50):  # lost races (another job created or took over first) retry
             if self._create():
                 self.held = True
+                if removed:
+                    log.warning("took over the stale lock %s of %s: %s", self.path, *removed)
                 return self
             holder = self._read_holder()
             if not holder:
@@ -139,23 +136,35 @@ class RunDirLock:
                     f"{self.path.parent}: run directory is in use by {describe_holder(holder)} "
                     f"(lock file {self.path}); use another logging.run_dir, or delete the lock "
                     "file if that job is certainly gone")
-            aside = self.path.with_name(f"{LOCK_FILE}.stale.{os.getpid()}.{time.monotonic_ns()}")
-            try:
-                os.rename(self.path, aside)  # atomic: one taker wins
-            except FileNotFoundError:
-                continue
-            if not self._same_holder(aside, holder):  # a fresh lock taken meanwhile: put it back
-                try:
-                    os.link(aside, self.path)
-                except FileExistsError:
-                    pass
-                os.unlink(aside)
-                continue
-            os.unlink(aside)
-            log.warning("took over the stale lock %s of %s: %s", self.path,
-                        describe_holder(holder), reason)
+            if self._remove_if_still(holder):
+                removed = (describe_holder(holder), reason)
+            time.sleep(0.01)
         raise RunDirLockedError(f"{self.path}: could not take the run directory's lock "
                                 "(other jobs keep taking it)")
+
+    def _remove_if_still(self, holder: Dict[str, Any]) -> bool:
+        """Delete the lock file if it still holds ``holder`` (judged stale), under a takeover
+        mutex so that no job deletes a lock another job has just created; then every taker
+        races on ``O_EXCL`` creation and exactly one wins."""
+        mutex = self.path.with_name(LOCK_FILE + ".takeover")
+        try:
+            os.close(os.open(mutex, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            try:  # a taker killed inside this short section leaves the mutex behind
+                if time.time() - mutex.stat().st_mtime > TORN_LOCK_AGE_S:
+                    mutex.unlink()
+            except FileNotFoundError:
+                pass
+            return False
+        try:
+            if self._read_holder() != holder:
+                return False
+            self.path.unlink()
+            return True
+        except FileNotFoundError:
+            return False
+        finally:
+            mutex.unlink()
 
     def release(self) -> None:
         if self.held:
