@@ -77,3 +77,9 @@ def test_other_failures_give_the_real_cause(tmp_path, monkeypatch):
     assert describe_write_failure(err, tmp_path, "x") == (
         f"writing x to {tmp_path} failed: PermissionError: [Errno 13] Permission denied")
     assert "unexpected pos 704" in describe_write_failure(_worker_failure(), tmp_path, "x")
+
+
+def test_native_writer_errors_mentioning_a_full_disk(tmp_path, monkeypatch):
+    _free(monkeypatch, 10**12)
+    err = Exception("Error while serializing: I/O error: No space left on device (os error 28)")
+    assert describe_write_failure(err, tmp_path, "x").startswith(f"no space left on {tmp_path}")

@@ -109,6 +109,8 @@ def describe_write_failure(exc: BaseException, path: str | Path, what: str) -> s
     for e in _causes(exc):
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
             return f"no space left on {path} while writing {what} ({e.strerror})"
+        if "No space left on device" in str(e):  # errors from native writers (safetensors)
+            return f"no space left on {path} while writing {what} ({_first_line(e)})"
         if isinstance(e, OSError) and e.errno == errno.EDQUOT:
             return f"disk quota exceeded on {path} while writing {what}"
     try:
