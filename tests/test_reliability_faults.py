@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import pytest
 
-from tools.reliability import faults
+from tools.reliability import disk_faults, faults
 from tools.reliability.harness import Workspace
 
 CASES = [faults.two_jobs, faults.damaged_distcp, faults.damaged_common,
-         faults.disk_full_precheck, faults.disk_full_mid_write, faults.leftover_partial,
+         disk_faults.disk_full_precheck, disk_faults.disk_full_mid_write, disk_faults.leftover_partial,
          faults.sigkill_before_first_checkpoint, faults.torn_metrics, faults.sigkill_orphans,
          faults.sigusr1_at_start]
 

@@ -27,7 +27,7 @@ from typing import List
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, no install
 
 from tools.reliability.bad_inputs import CASES, run_bad_input  # noqa: E402
-from tools.reliability.faults import FAULTS  # noqa: E402
+from tools.reliability.fault_kit import all_faults  # noqa: E402
 from tools.reliability.harness import Result, Workspace  # noqa: E402
 
 HEADER = """# Reliability: bad inputs and faults
@@ -81,7 +81,8 @@ def run_all(ws: Workspace, only: str = "", jobs: int = 2, kinds=("bad", "faults"
     """Faults in ``jobs`` threads (subprocesses) while the bad inputs run here, in order."""
     pattern = re.compile(only, re.IGNORECASE) if only else None
     cases = [c for c in CASES if "bad" in kinds and (not pattern or pattern.search(c.name))]
-    faults = [f for f in FAULTS if "faults" in kinds and (not pattern or pattern.search(f.name))]
+    faults = [f for f in all_faults()
+              if "faults" in kinds and (not pattern or pattern.search(f.name))]
     with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
         pending = [pool.submit(f, ws) for f in faults]
         bad = [run_bad_input(ws, c) for c in cases]

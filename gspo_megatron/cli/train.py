@@ -165,11 +165,13 @@ def _run(cfg, preemption, log: logging.Logger) -> int:
         except OSError as exc:
             if exc.errno not in WRITE_ERRNOS:
                 raise
-            log.error("%s", describe_write_failure(exc, exc.filename or run_dir, "the run's outputs"))
+            where = exc.filename or run_dir
+            log.error("%s", describe_write_failure(exc, where, "the run's outputs"))
             return EXIT_WRITE_FAILED
     finally:
         lock.release()
-        if created_run_dir and not finished_cleanly and run_dir.is_dir() and not any(run_dir.iterdir()):
+        empty = run_dir.is_dir() and not any(run_dir.iterdir())
+        if created_run_dir and not finished_cleanly and empty:
             run_dir.rmdir()  # a start that failed leaves no trace
         shutdown_distributed()
 

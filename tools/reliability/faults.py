@@ -1,127 +1,27 @@
-"""The faults: kills, signals, two jobs, damaged checkpoints, torn files and full disks.
+"""The faults: kills, signals, two jobs, damaged checkpoints and torn files.
 
 Each fault runs the tiny trainer (``Workspace.overrides``: 2 SFT + 4 RL steps, a checkpoint
 every step) as a subprocess, does its damage, reruns when the fault calls for it, and checks the
 outcome a user needs: the exit code, a line that says what happened, and no lost or mixed data
 (a resumed run must end with exactly the metrics and exported weights of an uninterrupted one).
-Full disks are real: a tmpfs in a private mount namespace (``harness.in_tmpfs``), remounted
-larger for the rerun. Every function returns one :class:`harness.Result`.
+Every function returns one :class:`harness.Result`; full disks are in ``disk_faults.py``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import socket
 import time
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, List
 
 from tools.reliability import harness
-from tools.reliability.harness import Result, Workspace
-
-FAULTS: List[Callable[[Workspace], Result]] = []
-BYPASS_SPACE_CHECK = ("import gspo_megatron.learner.checkpoint_write as w, "
-                      "gspo_megatron.checkpoint.export as e\n"
-                      "w.check_free_space = e.check_free_space = lambda *a, **k: None")
-
-
-def fault(name: str, how: str):
-    def register(fn):
-        def wrapped(ws: Workspace) -> Result:
-            start = time.monotonic()
-            d = ws.fresh_dir(name)
-            try:
-                codes, line, problem = fn(ws, d)
-            except Exception as exc:  # a broken fault must show up in the table, not vanish
-                codes, line, problem = "-", "", f"fault script failed: {exc!r}"
-            return Result("fault", name, how, codes, line, ok=not problem,
-                          verdict=problem or "handled", seconds=time.monotonic() - start)
-        wrapped.__name__ = fn.__name__
-        wrapped.name = name
-        FAULTS.append(wrapped)
-        return wrapped
-    return register
-
-
-# ---- helpers ----------------------------------------------------------------------------------
-
-def reference(ws: Workspace) -> Path:
-    """An uninterrupted run with the standard overrides (made once)."""
-    ref = ws.root / "reference" / "run"
-    with harness.BUILD_ONCE:  # faults run in threads; one of them makes it
-        if (ref / "hf_export").is_dir():
-            return ref
-        shutil.rmtree(ref.parent, ignore_errors=True)
-        ref.parent.mkdir(parents=True)
-        code = harness.run(harness.train_command(ws.overrides(ref)), ref.parent / "train.log")
-        if code != 0:
-            raise RuntimeError(f"reference run failed ({code}); see {ref.parent}/train.log")
-        return ref
-
-
-def copy_of_reference(ws: Workspace, d: Path) -> Path:
-    run_dir = d / "run"
-    shutil.copytree(reference(ws), run_dir)
-    return run_dir
-
-
-def same_as_reference(ws: Workspace, run_dir: Path) -> Optional[str]:
-    """None when metrics and exported weights equal the uninterrupted run's, else why not."""
-    ref = reference(ws)
-    if harness.metrics_steps(run_dir) != harness.metrics_steps(ref):
-        return f"metrics steps {harness.metrics_steps(run_dir)} != {harness.metrics_steps(ref)}"
-    if harness.comparable_metrics(run_dir) != harness.comparable_metrics(ref):
-        return "metrics differ from the uninterrupted run"
-    for f in sorted((ref / "hf_export").glob("*.safetensors")):
-        other = run_dir / "hf_export" / f.name
-        if not other.is_file() or other.read_bytes() != f.read_bytes():
-            return f"exported {f.name} differs from the uninterrupted run"
-    return None
-
-
-def train(ws: Workspace, d: Path, run_dir: Path, *extra: str, flags=(), log="train.log",
-          env=None) -> int:
-    return harness.run(harness.train_command(ws.overrides(run_dir, *extra), *flags), d / log,
-                       env=env)
-
-
-def spawn_train(ws: Workspace, d: Path, run_dir: Path, *extra: str, log="train.log", env=None):
-    return harness.spawn(harness.train_command(ws.overrides(run_dir, *extra)), d / log, env)
-
-
-def complete(run_dir: Path, step: int) -> bool:
-    return (run_dir / "checkpoints" / f"step_{step:06d}" / "manifest.json").is_file()
-
-
-def first_problem(*checks) -> Optional[str]:
-    return next((msg for ok, msg in checks if not ok), None)
-
-
-def no_traceback(d: Path) -> tuple:
-    logs = [p.name for p in d.glob("*.log") if harness.has_traceback(p)]
-    return not logs, f"Python traceback in {', '.join(logs)}"
-
-
-def killed_then_resumed(ws: Workspace, d: Path, ready: Callable[[Path], bool], sig=signal.SIGKILL,
-                        expect_code=None, extra=(), line_pattern="resuming from|resumed from"):
-    run_dir = d / "run"
-    proc = spawn_train(ws, d, run_dir, *extra)
-    if not harness.wait_until(lambda: ready(run_dir), proc, poll_s=0.01):
-        return "-", "", f"the fault point was never reached (exit {proc.poll()})"
-    proc.send_signal(sig)
-    first = proc.wait(timeout=300)
-    second = train(ws, d, run_dir, *extra, log="rerun.log")
-    problem = first_problem(
-        (expect_code is None or first == expect_code, f"first run exited {first}, expected {expect_code}"),
-        (second == 0, f"rerun exited {second}"), no_traceback(d))
-    problem = problem or same_as_reference(ws, run_dir)
-    line = harness.find_line(d / "rerun.log", line_pattern) or harness.find_line(d / "train.log", line_pattern)
-    return f"{first} then {second}", line, problem
-
+from tools.reliability.fault_kit import (complete, copy_of_reference, fault, first_problem,
+                                         killed_then_resumed, no_traceback, same_as_reference,
+                                         spawn_train, train)
 
 # ---- kills and signals --------------------------------------------------------------------------
 
@@ -336,117 +236,3 @@ def torn_metrics(ws, d):
         with open(s.parent.parent / "metrics.jsonl", "a") as f:
             f.write('{"step": 5, "reward/me')
     return _damaged_newest(ws, d, tear, pattern="dropping a torn last line")
-
-
-# ---- full disks -------------------------------------------------------------------------------------
-
-def _tmpfs_train(ws, d, size: str, overrides=(), inject="", then: str = "") -> tuple:
-    """Train on a tmpfs of ``size``; then remount it at 64 MB and rerun (``then`` shell lines run
-    between the two). Returns (exit codes, output, copy of the run directory after the rerun)."""
-    mnt = d / "mnt"
-    first = harness.shell(harness.train_command(ws.overrides(mnt / "run", *overrides), inject=inject))
-    second = harness.shell(harness.train_command(ws.overrides(mnt / "run", *overrides)))
-    out = harness.in_tmpfs(size, mnt, f"""
-{then}
-{first} > {d}/train.log 2>&1; echo "rc1=$?"
-find $MNT -name '*.partial' | sed 's/^/partial: /'
-ls $MNT/run/checkpoints 2>/dev/null | sed 's/^/ckpt: /'
-mount -o remount,size=64m $MNT
-{second} > {d}/rerun.log 2>&1; echo "rc2=$?"
-cp -a $MNT/run {d}/run
-""")
-    codes = re.findall(r"rc\d=(\d+)", out)
-    return codes, out, d / "run"
-
-
-def _disk_full(ws, d, size, pattern, overrides=(), inject="", then="", partial_ok=False):
-    codes, out, run_dir = _tmpfs_train(ws, d, size, overrides, inject, then)
-    line = harness.find_line(d / "train.log", pattern)
-    problem = first_problem((codes[:1] == ["4"], f"first run exited {codes[:1]}, expected 4"),
-                            (bool(line), f"no line matching {pattern!r}"),
-                            ("partial:" not in out or partial_ok, "a .partial was left behind"),
-                            (codes[1:2] == ["0"], f"rerun after freeing space exited {codes[1:2]}"),
-                            no_traceback(d))
-    return " then ".join(codes), line, problem or same_as_reference(ws, run_dir)
-
-
-@fault("Disk full before a checkpoint", "run on a 2 MB tmpfs (a checkpoint is ~2.4 MB); then 64 MB "
-       "and rerun")
-def disk_full_precheck(ws, d):
-    return _disk_full(ws, d, "2m", "not enough space for checkpoint")
-
-
-@fault("Disk fills during a checkpoint write", "free-space check bypassed; 3 MB tmpfs: the second "
-       "checkpoint hits ENOSPC mid-write; then 64 MB and rerun")
-def disk_full_mid_write(ws, d):
-    return _disk_full(ws, d, "3m", "no space left on", inject=BYPASS_SPACE_CHECK)
-
-
-@fault("Disk full during the final HF export", "3.75 MB tmpfs, checkpoint at the end only: the "
-       "checkpoint fits, the export does not; then 64 MB and rerun")
-def disk_full_export(ws, d):
-    return _disk_full(ws, d, "3840k", "not enough space for Hugging Face export",
-                      overrides=("checkpoint.save_every_steps=0",))
-
-
-@fault("Leftover .partial keeps the disk full", "5 MB tmpfs holding a 4.5 MB step_000009.partial "
-       "from a killed write; run (checkpoint at the end only)")
-def leftover_partial(ws, d):
-    mnt = d / "mnt"
-    cmd = harness.shell(harness.train_command(ws.overrides(mnt / "run",
-                                                           "checkpoint.save_every_steps=0")))
-    out = harness.in_tmpfs("5m", mnt, f"""
-mkdir -p $MNT/run/checkpoints/step_000009.partial
-head -c 4718592 /dev/zero > $MNT/run/checkpoints/step_000009.partial/__0_0.distcp
-{cmd} > {d}/train.log 2>&1; echo "rc1=$?"
-cp -a $MNT/run {d}/run
-""")
-    codes = re.findall(r"rc\d=(\d+)", out)
-    line = harness.find_line(d / "train.log", "step_000009.partial")
-    problem = first_problem((codes == ["0"], f"exit {codes}"), (bool(line), "no cleanup logged"),
-                            no_traceback(d))
-    return " ".join(codes), line, problem or same_as_reference(ws, d / "run")
-
-
-def _tool_on_full_disk(ws, d, argv: List[str], pattern: str, inject: bool = False,
-                      size: str = "1m") -> tuple:
-    mnt = d / "mnt"
-    module = argv[0]
-    if inject:
-        code = f"{BYPASS_SPACE_CHECK}\nimport sys\nfrom {module} import main\nsys.exit(main())"
-        cmd = harness.shell([harness.sys.executable, "-c", code, *argv[1:]])
-    else:
-        cmd = harness.shell([harness.sys.executable, "-m", *argv])
-    out = harness.in_tmpfs(size, mnt, f"""
-{cmd} > {d}/tool.log 2>&1; echo "rc1=$?"
-find $MNT | sed 's/^/file: /'
-""")
-    codes = re.findall(r"rc\d=(\d+)", out)
-    line = harness.find_line(d / "tool.log", pattern)
-    leftovers = [ln for ln in out.splitlines() if ln.startswith("file: ") and ln != f"file: {mnt}"]
-    problem = first_problem((codes == ["4"], f"exit {codes}, expected 4"),
-                            (bool(line), f"no line matching {pattern!r}"),
-                            (not leftovers, f"left {leftovers}"), no_traceback(d))
-    return " ".join(codes), line, problem
-
-
-@fault("gspo-convert onto a full disk", "--out on a 1 MB tmpfs (the checkpoint is ~0.6 MB + margin)")
-def convert_disk_full(ws, d):
-    return _tool_on_full_disk(ws, d, ["gspo_megatron.cli.convert", "--hf-dir", str(ws.model_dir),
-                                      "--out", str(d / "mnt" / "ckpt")], "not enough space")
-
-
-@fault("gspo-export onto a full disk", "--out on a 1 MB tmpfs")
-def export_disk_full(ws, d):
-    return _tool_on_full_disk(ws, d, ["gspo_megatron.cli.export", "--ckpt",
-                                      str(ws.converted_checkpoint()), "--out",
-                                      str(d / "mnt" / "hf")], "not enough space")
-
-
-@fault("gspo-export, disk fills mid-write", "free-space check bypassed; --out on a 256 KB tmpfs "
-       "(the export is ~0.5 MB), --max-shard-size 100KB")
-def export_enospc(ws, d):
-    return _tool_on_full_disk(ws, d, ["gspo_megatron.cli.export", "--ckpt",
-                                      str(ws.converted_checkpoint()), "--out",
-                                      str(d / "mnt" / "hf"), "--max-shard-size", "100KB"],
-                              "no space left on", inject=True, size="256k")
