@@ -90,8 +90,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@fault("SIGKILL leaves no process behind", "wandb offline on; kill -9 while checkpoint writer "
-       "processes run (or after step 2); look for survivors 5 s later")
+@fault("SIGKILL leaves no process behind", "wandb offline on; kill -9 while the second checkpoint "
+       "is being written (writer processes forked); look for survivors 5 s later")
 def sigkill_orphans(ws, d):
     run_dir = d / "run"
     env = dict(harness.python_env(), WANDB_MODE="offline")
@@ -100,8 +100,7 @@ def sigkill_orphans(ws, d):
 
     def writers_running() -> bool:
         seen.update(_descendants(proc.pid))
-        forks = [p for p in seen if _alive(p) and "cli.train" in _cmdline(p)]
-        return bool(forks) or complete(run_dir, 2)
+        return (run_dir / "checkpoints" / "step_000002.partial").exists() or complete(run_dir, 2)
 
     harness.wait_until(writers_running, proc, poll_s=0.005)
     seen.update(_descendants(proc.pid))
@@ -115,13 +114,6 @@ def sigkill_orphans(ws, d):
     for pid in alive:  # ours: started by the trainer this function started
         os.kill(pid, signal.SIGKILL)
     return "-9", line, problem
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
 
 
 # ---- one run directory, one job -----------------------------------------------------------------
