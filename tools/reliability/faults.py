@@ -68,7 +68,7 @@ def sigusr1_at_start(ws, d):
     written = harness.snapshot(run_dir)
     problem = first_problem((code == 124, f"exit {code}, expected 124 (requeue)"),
                             (not written, f"wrote {sorted(written)}"), no_traceback(d))
-    return str(code), harness.find_line(d / "train.log", "SIGUSR1"), problem
+    return str(code), harness.find_line(d / "train.log", "during start-up"), problem
 
 
 def _descendants(pid: int) -> List[int]:
