@@ -27,7 +27,6 @@ from gspo_megatron.data.dataset import load_prompt_dataset
 from gspo_megatron.data.sampler import PromptSampler
 from gspo_megatron.learner.checkpointing import read_meta
 from gspo_megatron.learner.learner import Learner
-from gspo_megatron.learner.sft_loss import sft_loss
 from gspo_megatron.rewards.runner import RewardRequest, RewardRunner
 from gspo_megatron.trainer.hf_weights import (export_learner_to_hf, learner_hf_tensors,
                                               load_hf_into_learner)
@@ -213,7 +212,8 @@ def build_parts(cfg, runtime) -> TrainerParts:
     sampler = PromptSampler(train.records, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
     learner = Learner(cfg, runtime, total_steps=cfg.trainer.num_steps * cfg.batch.num_mini_batches)
     parts = TrainerParts(cfg=cfg, runtime=runtime, learner=learner, tokenizer=tokenizer,
-                         sampler=sampler, policy_loss=get_policy_loss(cfg.algo.loss), sft_loss=sft_loss,
+                         sampler=sampler, policy_loss=get_policy_loss(cfg.algo.loss),
+                         sft_loss=get_policy_loss("sft"),
                          preemption=PreemptionFlag(), run_dir=run_dir, ckpt_root=ckpt_root)
     _initial_weights(parts)
     if cfg.algo.kl_coef > 0:
