@@ -275,7 +275,3 @@ def apply_cpu_compat() -> None:
             patch.apply()
         _APPLIED = True
     log.debug("Megatron-Core CPU compatibility patches applied: %s", [p.name for p in PATCHES])
-
-
-def cpu_compat_applied() -> bool:
-    return _APPLIED

@@ -69,5 +69,5 @@ def get_reward_fn(name: str) -> RewardFn:
     _load_builtins()
     if name not in _REGISTRY:
         raise RewardLookupError(f"unknown reward '{name}'; registered rewards: "
-                                f"{', '.join(sorted(_REGISTRY))} (or give 'module:function')")
+                                f"{', '.join(registered_rewards())} (or give 'module:function')")
     return _REGISTRY[name]
