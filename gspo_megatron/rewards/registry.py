@@ -16,7 +16,7 @@ RewardFn = Callable[[str, str, Optional[Mapping]], float]
 
 _REGISTRY: Dict[str, RewardFn] = {}
 # Modules whose import registers the built-in rewards (imported lazily on first lookup).
-_BUILTIN_MODULES = ("gspo_megatron.rewards.builtin", "gspo_megatron.tiny_task.task")
+_BUILTIN_MODULES = ("gspo_megatron.rewards.builtin",)
 
 
 class RewardLookupError(ValueError):
