@@ -6,8 +6,11 @@ gloo on CPU (applying the Megatron-Core CPU compatibility layer only there), ini
 layout, and seeds every RNG reproducibly. Everything else asks :class:`RuntimeInfo`, never the
 environment.
 
-    with distributed_runtime(cfg.parallel, seed=cfg.trainer.seed) as rt:
-        ...  # rt.device, rt.rank, rt.is_main
+    rt = init_distributed(cfg.parallel, seed=cfg.trainer.seed)   # rt.device, rt.rank, rt.is_main
+    try:
+        ...
+    finally:
+        shutdown_distributed()
 
 Parallel sizes are not copied here: Megatron's ``parallel_state`` is their one source at run time
 (the learner asks it), and ``config.validate.world_size_errors`` the one check of the layout
@@ -16,7 +19,6 @@ against the launched processes.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
@@ -24,7 +26,7 @@ import socket
 import subprocess
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterator, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -174,13 +176,3 @@ def shutdown_distributed() -> None:
         parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def distributed_runtime(parallel: ParallelConfig, seed: int = 1234,
-                        environ: Optional[dict] = None) -> Iterator[RuntimeInfo]:
-    info = init_distributed(parallel, seed=seed, environ=environ)
-    try:
-        yield info
-    finally:
-        shutdown_distributed()
