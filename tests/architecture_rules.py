@@ -64,6 +64,7 @@ def _resolve_imports(mod: Module, modules: Dict[str, Module]) -> None:
         if target in modules and target != mod.name:
             mod.library.setdefault(target, line)
 
+    imports_by_name = _calls_import_module(mod.tree)
     for node in ast.walk(mod.tree):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -71,8 +72,8 @@ def _resolve_imports(mod: Module, modules: Dict[str, Module]) -> None:
             base = _absolute(mod, node)
             names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
                      for a in node.names]
-        elif isinstance(node, ast.Constant) and node.value in modules:
-            names = [node.value]  # a module named for importlib
+        elif imports_by_name and isinstance(node, ast.Constant) and node.value in modules:
+            names = [node.value]  # a module this one imports by name (not a `python -m` line)
         else:
             continue
         for name in names:
@@ -81,6 +82,14 @@ def _resolve_imports(mod: Module, modules: Dict[str, Module]) -> None:
                 add_library(name, node.lineno)
             elif top not in sys.stdlib_module_names and top != "__future__":
                 mod.third_party.setdefault(top, node.lineno)
+
+
+def _calls_import_module(tree: ast.Module) -> bool:
+    """Whether the module imports by name (``importlib.import_module`` / ``__import__``)."""
+    return any(isinstance(n, ast.Call) and (
+        (isinstance(n.func, ast.Attribute) and n.func.attr == "import_module")
+        or (isinstance(n.func, ast.Name) and n.func.id in ("import_module", "__import__")))
+        for n in ast.walk(tree))
 
 
 def _absolute(mod: Module, node: ast.ImportFrom) -> str:
@@ -256,12 +265,30 @@ def _decorator_name(node: ast.expr) -> str:
     return target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
 
 
+def library_strings(tree) -> str:
+    """Every string constant of the library but docstrings: command lines such as
+    ``python -m gspo_megatron.rollout.reference_server`` name the modules they run."""
+    docstrings = {id(n.body[0].value) for mod in tree.values() for n in ast.walk(mod.tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef))
+                  and ast.get_docstring(n) is not None}
+    return "\n".join(n.value for mod in tree.values() for n in ast.walk(mod.tree)
+                     if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                     and id(n) not in docstrings)
+
+
 def orphan_module_violations(tree, product_texts: str) -> Dict[str, str]:
-    """Library modules that no library module imports and no entry point names."""
+    """Library modules that no library module imports and no entry point names.
+
+    ``product_texts``: what can start a module (scripts, pyproject, :func:`library_strings`);
+    ``python -m package`` runs the package's ``__main__``."""
     imported = {t for mod in tree.values() for t in mod.library}
+
+    def named(name: str) -> bool:
+        name = name[:-len(".__main__")] if name.endswith(".__main__") else name
+        return re.search(re.escape(name) + r"(?![\w.])", product_texts) is not None
+
     return {name: mod.path.as_posix() for name, mod in tree.items()
-            if not mod.path.name == "__init__.py" and name not in imported
-            and name not in product_texts}
+            if not mod.path.name == "__init__.py" and name not in imported and not named(name)}
 
 
 def call_lines(mod: Module, name: str) -> List[int]:

@@ -1,6 +1,7 @@
 """The shape of the library stays as docs/architecture.md draws it: packages by floor with no
 upward import and no circle, rollout never reaching Megatron, learner never reaching SGLang,
-algorithms on torch alone, each concern in one place, no test-only code, short functions.
+launch never reaching torch, algorithms on torch alone, each concern in one place, no test-only
+code, short functions.
 
 Every rule runs twice: on the real tree (it must hold, up to the entries of ``KNOWN``), and on a
 planted tree that repeats each problem issue 19 found (it must report every one), so a rule that
@@ -23,7 +24,7 @@ from tests import architecture_rules as rules
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "architecture.md"
-LIB_MEGATRON = {"distributed", "model", "learner", "checkpoint"}
+LIB_MEGATRON = {"distributed", "model", "learner", "checkpoint", "gpu_check"}
 LIB_SGLANG = {"rollout", "weight_sync"}
 
 KNOWN: Dict[str, Dict[str, str]] = {
@@ -50,11 +51,14 @@ def _product_files(root: Path, with_benchmarks: bool):
     return [p for d in dirs for p in sorted((root / d).rglob("*.py"))]
 
 
-def _product_text(root: Path) -> str:
-    texts = [p.read_text() for p in _product_files(root, with_benchmarks=False)
+def _product_text(root: Path, tree) -> str:
+    """What starts library code from outside it: tools, pipelines, Slurm scripts, Makefile,
+    pyproject's console scripts, and the library's own command lines."""
+    files = [p for p in _product_files(root, with_benchmarks=False)
              if "gspo_megatron" not in p.parts]
-    pyproject = root / "pyproject.toml"
-    return "\n".join(texts + [pyproject.read_text() if pyproject.is_file() else ""])
+    files += sorted((root / "slurm").glob("*.sh")) + [root / "Makefile", root / "pyproject.toml"]
+    texts = [p.read_text() for p in files if p.is_file()]
+    return "\n".join(texts + [rules.library_strings(tree)])
 
 
 def check_all(root: Path) -> Dict[str, Dict[str, str]]:
@@ -65,13 +69,14 @@ def check_all(root: Path) -> Dict[str, Dict[str, str]]:
         "floors": rules.floor_violations(tree, floors, allowed),
         "cycles": rules.cycle_violations(tree),
         "reach": {**rules.reach_violations(tree, "rollout", rules.MEGATRON),
-                  **rules.reach_violations(tree, "learner", rules.SGLANG)},
+                  **rules.reach_violations(tree, "learner", rules.SGLANG),
+                  **rules.reach_violations(tree, "launch", ("torch",) + rules.MEGATRON)},
         "third_party": {**rules.third_party_violations(tree, rules.MEGATRON, LIB_MEGATRON),
                         **rules.third_party_violations(tree, rules.SGLANG, LIB_SGLANG)},
         "algorithms": rules.algorithms_violations(tree),
         "test_only": rules.unused_definition_violations(
-            tree, _product_files(root, with_benchmarks=True), _product_text(root)),
-        "orphans": rules.orphan_module_violations(tree, _product_text(root)),
+            tree, _product_files(root, with_benchmarks=True), _product_text(root, tree)),
+        "orphans": rules.orphan_module_violations(tree, _product_text(root, tree)),
         "losses": rules.loss_violations(tree),
         "bucket_loop": rules.one_place_violations(tree, "bucket loop", rules.bucket_loop_lines),
         "engine": rules.one_place_violations(tree, "SGLangEngine construction",
@@ -141,7 +146,8 @@ PLANTED = {
                         "def validate():\n" + "    x = 1\n" * 60,
     "config/schema.py": "class RolloutConfig:\n    overlap_one_step: bool = False\n",
     # The registry loading a higher package by name while that package imports the registry.
-    "rewards/registry.py": "BUILTIN = ('gspo_megatron.tiny_task.task',)\n",
+    "rewards/registry.py": "import importlib\nBUILTIN = ('gspo_megatron.tiny_task.task',)\n"
+                           "def load():\n    for m in BUILTIN:\n        importlib.import_module(m)\n",
     "tiny_task/task.py": "from gspo_megatron.rewards.registry import BUILTIN\n",
 }
 

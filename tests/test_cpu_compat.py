@@ -28,9 +28,9 @@ def test_every_patch_is_still_needed_on_unpatched_megatron():
 def test_patches_answer_each_assumption():
     code = r"""
 import torch
-from gspo_megatron.distributed import cpu_compat
-cpu_compat.apply_cpu_compat(); cpu_compat.apply_cpu_compat()  # idempotent
-assert cpu_compat._APPLIED
+from gspo_megatron.distributed.cpu_compat import apply_cpu_compat, cpu_compat_applied
+apply_cpu_compat(); apply_cpu_compat()  # idempotent
+assert cpu_compat_applied()
 assert torch.device(torch.cuda.current_device()).type == "cpu"
 torch.cuda.synchronize()
 assert torch.zeros([], device="cuda").device.type == "cpu"

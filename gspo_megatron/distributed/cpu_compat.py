@@ -275,3 +275,8 @@ def apply_cpu_compat() -> None:
             patch.apply()
         _APPLIED = True
     log.debug("Megatron-Core CPU compatibility patches applied: %s", [p.name for p in PATCHES])
+
+
+def cpu_compat_applied() -> bool:
+    """Whether this process runs with the patches (the GPU kit checks that it does not)."""
+    return _APPLIED
