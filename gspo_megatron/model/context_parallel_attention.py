@@ -34,7 +34,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from gspo_megatron.distributed.context_parallel import load_balanced_causal_mask, load_balanced_indices
+from gspo_megatron.distributed.context_parallel import (load_balanced_causal_mask,
+                                                       load_balanced_indices)
 
 
 def _megatron_base():

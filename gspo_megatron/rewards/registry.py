@@ -2,10 +2,10 @@
 
 A reward function has the signature ``fn(response: str, answer: str, metadata: Mapping | None)
 -> float`` and returns a value in [0, 1] (GSPO's advantage assumes bounded rewards). Built-in
-rewards register themselves with ``@register_reward("name")`` (``builtin.py``, imported by the
-package's ``__init__``, so they are registered whenever this module is); a user function is named
-``"package.module:function"`` and is imported on first use, so a run can plug in its own
-verifier without touching this package.
+rewards register themselves with ``@register_reward("name")`` in ``builtin.py``, which the
+package's ``__init__`` imports, so they are registered whenever this module is; a user function
+is named ``"package.module:function"`` and is imported on first use, so a run can plug in its
+own verifier without touching this package.
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Iterable, List, Mapping, Optional, Tuple
 
 
-
 @dataclass(frozen=True)
 class AdditionTaskConfig:
     """Sizes and seeds of the generated datasets."""
