@@ -21,7 +21,7 @@ import torch
 
 from gspo_megatron.config.schema import WeightSyncConfig
 from gspo_megatron.rollout.embedded import EmbeddedEngine
-from gspo_megatron.rollout.tiny_model import build_tiny_policy
+from gspo_megatron.tiny_task.model import build_tiny_policy
 from gspo_megatron.weight_sync import build_transport
 from gspo_megatron.weight_sync.estimate import QWEN3_30B_A3B, estimate_broadcast, qwen3_moe_num_params
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gspo_megatron.rollout.embedded import EmbeddedEngine, teacher_forced_logprobs
-from gspo_megatron.rollout.tiny_model import build_tiny_policy, save_tiny_policy
+from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
 
 
@@ -100,7 +100,7 @@ def test_load_weights_rejects_unknown_names_and_shapes(policy):
 
 def test_from_pretrained_and_disk_load(tmp_path, policy):
     model, tok = policy
-    save_tiny_policy(str(tmp_path / "m"), seed=0)
+    save_tiny_model(*build_tiny_policy(seed=0), tmp_path / "m")
     eng = EmbeddedEngine.from_pretrained(str(tmp_path / "m"))
     assert eng.health()
     new, _ = build_tiny_policy(seed=4)

@@ -5,14 +5,14 @@ import pytest
 from gspo_megatron.config.schema import RolloutConfig, SGLangConfig
 from gspo_megatron.rollout.embedded import EmbeddedEngine
 from gspo_megatron.rollout.factory import build_engine
-from gspo_megatron.rollout.tiny_model import build_tiny_policy, save_tiny_policy
+from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model
 
 
 def test_embedded_from_model_and_from_directory(tmp_path):
     model, tok = build_tiny_policy()
     eng = build_engine(RolloutConfig(), model=model, tokenizer=tok)
     assert isinstance(eng, EmbeddedEngine) and eng.model is model
-    save_tiny_policy(str(tmp_path), seed=1)
+    save_tiny_model(*build_tiny_policy(seed=1), tmp_path)
     assert isinstance(build_engine(RolloutConfig(), model_path=str(tmp_path)), EmbeddedEngine)
 
 

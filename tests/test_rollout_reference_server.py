@@ -7,7 +7,7 @@ import torch
 from gspo_megatron.rollout import sglang_api as api
 from gspo_megatron.rollout.embedded import EmbeddedEngine
 from gspo_megatron.rollout.reference_server import FaultPlan, ReferenceServer, main
-from gspo_megatron.rollout.tiny_model import build_tiny_policy
+from gspo_megatron.tiny_task.model import build_tiny_policy
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams, sample_seed
 
 

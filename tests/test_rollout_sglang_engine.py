@@ -16,7 +16,7 @@ from gspo_megatron.rollout.embedded import EmbeddedEngine
 from gspo_megatron.rollout.reference_server import FaultPlan, ReferenceServer
 from gspo_megatron.rollout.sglang_engine import SampleFailed, SGLangEngine
 from gspo_megatron.rollout.sglang_launcher import ServerLauncher, reference_server_command
-from gspo_megatron.rollout.tiny_model import build_tiny_policy, save_tiny_policy
+from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
 
 PARAMS = SamplingParams(temperature=0.9, max_new_tokens=8, seed=21)
@@ -144,7 +144,7 @@ def test_wait_healthy_is_bounded():
 @pytest.mark.slow
 def test_server_killed_mid_batch(tmp_path, policy, batch, expected):
     """A server process that dies on its 3rd request: its samples finish on the survivor."""
-    save_tiny_policy(str(tmp_path / "m"), seed=0)
+    save_tiny_model(*build_tiny_policy(seed=0), tmp_path / "m")
     port = _free_port()
     launcher = ServerLauncher(str(tmp_path / "logs"), env={"OMP_NUM_THREADS": "1"})
     launcher.start(reference_server_command(str(tmp_path / "m"), port,

@@ -143,14 +143,3 @@ def test_bad_inputs_stop_with_a_clear_error(assets, tmp_path, caplog):
         code = _train(0, _overrides(assets, tmp_path / "run", *extra, "trainer.num_steps=1"))["code"]
         assert code == EXIT_CONFIG, extra
         assert message in caplog.text, (extra, caplog.text[-2000:])
-
-
-def test_before_after_table_shows_first_and_last_evaluation():
-    from gspo_megatron.trainer.build import before_after_table
-
-    history = [{"step": 0, "eval/accuracy": 0.25}, {"step": 1, "reward/mean": 0.5},
-               {"step": 2, "eval/accuracy": 0.75}]
-    table = before_after_table(history).splitlines()
-    assert table[0].split() == ["metric", "step", "0", "step", "2"]
-    assert table[1].split() == ["eval/accuracy", "0.2500", "0.7500"]
-    assert before_after_table([{"step": 1, "reward/mean": 0.1}]) == ""

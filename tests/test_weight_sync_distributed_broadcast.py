@@ -13,7 +13,7 @@ from gspo_megatron.config.schema import SGLangConfig, WeightSyncConfig
 from gspo_megatron.rollout.embedded import teacher_forced_logprobs
 from gspo_megatron.rollout.factory import launch_reference_fleet
 from gspo_megatron.rollout.sglang_engine import SGLangEngine
-from gspo_megatron.rollout.tiny_model import build_tiny_policy, save_tiny_policy
+from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
 from gspo_megatron.weight_sync import build_transport
 from gspo_megatron.weight_sync.distributed_broadcast import BroadcastTransport
@@ -28,7 +28,7 @@ def _free_port():
 @pytest.mark.slow
 def test_broadcast_sync_to_two_server_processes(tmp_path):
     torch.set_num_threads(1)
-    save_tiny_policy(str(tmp_path / "m"), seed=0)
+    save_tiny_model(*build_tiny_policy(seed=0), tmp_path / "m")
     ports = SGLangConfig(num_servers=2, port=_free_port())
     launcher = launch_reference_fleet(ports, str(tmp_path / "m"), log_dir=str(tmp_path / "logs"))
     eng = SGLangEngine(launcher.addresses, request_timeout_s=60, launcher=launcher)

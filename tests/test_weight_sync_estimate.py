@@ -4,7 +4,7 @@ import doctest
 
 import pytest
 
-from gspo_megatron.rollout.tiny_model import build_tiny_policy
+from gspo_megatron.tiny_task.model import build_tiny_policy
 from gspo_megatron.weight_sync import estimate
 from gspo_megatron.weight_sync.estimate import QWEN3_30B_A3B, estimate_broadcast, qwen3_moe_num_params
 

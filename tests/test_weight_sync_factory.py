@@ -5,7 +5,7 @@ import pytest
 from gspo_megatron.config.schema import WeightSyncConfig
 from gspo_megatron.rollout.embedded import EmbeddedEngine
 from gspo_megatron.rollout.sglang_engine import SGLangEngine
-from gspo_megatron.rollout.tiny_model import build_tiny_policy
+from gspo_megatron.tiny_task.model import build_tiny_policy
 from gspo_megatron.weight_sync import build_transport, resolve_transport
 from gspo_megatron.weight_sync.disk import DiskTransport
 from gspo_megatron.weight_sync.distributed_broadcast import BroadcastTransport

@@ -9,7 +9,6 @@ Hugging Face names, into the engine.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import shutil
 from dataclasses import dataclass, field
@@ -25,8 +24,9 @@ from gspo_megatron.data.dataset import load_prompt_dataset
 from gspo_megatron.data.sampler import PromptSampler
 from gspo_megatron.learner.checkpointing import read_meta
 from gspo_megatron.learner.learner import Learner
-from gspo_megatron.learner.sft_loss import sft_loss
-from gspo_megatron.rewards.runner import RewardRequest, RewardRunner
+from gspo_megatron.rewards.runner import RewardRunner
+from gspo_megatron.rewards.scorer import RolloutScorer
+from gspo_megatron.trainer.evaluation import before_after_table
 from gspo_megatron.trainer.hf_weights import (export_learner_to_hf, learner_hf_tensors,
                                               load_hf_into_learner)
 from gspo_megatron.trainer.metrics_log import MetricsLogger
@@ -36,31 +36,6 @@ from gspo_megatron.trainer.preemption import PreemptionFlag
 log = logging.getLogger(__name__)
 
 STEP_DIR_PREFIX = "step_"
-
-
-class RolloutScorer:
-    """Decode responses and score them with the reward runner (0 for a failing reward)."""
-
-    def __init__(self, runner: RewardRunner, tokenizer) -> None:
-        self.runner = runner
-        self.tokenizer = tokenizer
-        self._stats: Dict[str, float] = {}
-
-    def score(self, samples, records_by_id) -> List[float]:
-        requests = []
-        for s in samples:
-            record = records_by_id[s.prompt_id]
-            text = self.tokenizer.decode(s.response_token_ids, skip_special_tokens=True)
-            requests.append(RewardRequest(s.prompt_id, text, record.answer, record.metadata))
-        result = self.runner.compute(requests)
-        st = result.stats
-        self._stats = {"reward/num_errors": float(st.num_errors),
-                       "reward/num_timeouts": float(st.num_timeouts),
-                       "time/reward_mean_s": st.mean_time_s}
-        return list(result.rewards)
-
-    def last_stats(self) -> Dict[str, float]:
-        return dict(self._stats)
 
 
 @dataclass
@@ -155,41 +130,6 @@ class TrainerParts:
             self.logger.close()
 
 
-@contextlib.contextmanager
-def constant_learning_rate(learner: Learner, lr: float):
-    """Run a stage (the cold start) at its own constant lr, then give the RL schedule back
-    untouched: its step count, warm-up and decay start after the stage."""
-    sched, groups = learner.scheduler, learner.optimizer.param_groups
-    saved = (sched.num_steps, sched.max_lr, sched.min_lr, sched.init_lr,
-             [(g.get("max_lr"), g.get("min_lr")) for g in groups])
-    sched.max_lr = sched.min_lr = sched.init_lr = lr
-    for g in groups:
-        g["max_lr"] = g["min_lr"] = g["lr"] = lr
-    try:
-        yield
-    finally:
-        sched.num_steps, sched.max_lr, sched.min_lr, sched.init_lr, per_group = saved
-        for g, (max_lr, min_lr) in zip(groups, per_group):
-            for key, value in (("max_lr", max_lr), ("min_lr", min_lr)):
-                if value is None:
-                    g.pop(key, None)
-                else:
-                    g[key] = value
-        sched.step(increment=0)  # re-apply the schedule's lr for its current step
-
-
-def before_after_table(history: List[Dict[str, float]]) -> str:
-    """First and last evaluated rows of the run, side by side ('' when nothing was evaluated)."""
-    evals = [row for row in history if "eval/accuracy" in row]
-    if not evals:
-        return ""
-    first, last = evals[0], evals[-1]
-    keys = [k for k in first if k.startswith("eval/") and k in last]
-    lines = [f"{'metric':<20} {'step ' + str(int(first['step'])):>12} {'step ' + str(int(last['step'])):>12}"]
-    lines += [f"{k:<20} {first[k]:>12.4f} {last[k]:>12.4f}" for k in keys]
-    return "\n".join(lines)
-
-
 def build_parts(cfg, runtime) -> TrainerParts:
     """Construct every part of a run for this process (collective: call on every rank)."""
     from transformers import AutoTokenizer
@@ -206,7 +146,8 @@ def build_parts(cfg, runtime) -> TrainerParts:
     sampler = PromptSampler(train.records, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
     learner = Learner(cfg, runtime, total_steps=cfg.trainer.num_steps * cfg.batch.num_mini_batches)
     parts = TrainerParts(cfg=cfg, runtime=runtime, learner=learner, tokenizer=tokenizer,
-                         sampler=sampler, policy_loss=get_policy_loss(cfg.algo.loss), sft_loss=sft_loss,
+                         sampler=sampler, policy_loss=get_policy_loss(cfg.algo.loss),
+                         sft_loss=get_policy_loss("sft"),
                          preemption=PreemptionFlag(), run_dir=run_dir, ckpt_root=ckpt_root)
     _initial_weights(parts)
     if cfg.algo.kl_coef > 0:
