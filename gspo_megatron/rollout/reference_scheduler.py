@@ -14,6 +14,8 @@ State that SGLang's tokenizer manager and scheduler keep, and the rules the stan
   and ``release_memory_occupation`` require.
 - memory (``weight_updater.release/resume_memory_occupation``): released tags; generating or
   loading weights into released memory is refused (stricter: SGLang would fault).
+- weight-update session: generating while one is open is refused (stricter: the post-load
+  processing of ``end_weight_update`` has not run yet).
 - prefix cache: finished requests leave KV in the cache; a weight update makes it stale until
   ``/flush_cache`` (or a KV release); generating from a stale cache is refused (stricter: SGLang
   would silently reuse KV of the old weights).
@@ -62,6 +64,8 @@ class ReferenceScheduler:
         self.released: Set[str] = set()
         self.cache_entries = 0
         self.cache_stale = False
+        self.session_open = False
+        """A weight-update session is open (set by the weight endpoints)."""
         self.last_progress = 0.0
         self._queue: "queue.Queue[Optional[Job]]" = queue.Queue()
         self._thread: Optional[threading.Thread] = None
@@ -90,6 +94,9 @@ class ReferenceScheduler:
                 raise Refused(f"the server's {', '.join(missing)} memory is released "
                               "(/release_memory_occupation); /resume_memory_occupation first "
                               "(reference server rule: SGLang would fault)")
+            if self.session_open:
+                raise Refused("a weight-update session is open: /end_weight_update first (reference "
+                              "server rule: the new weights' post-load processing has not run)")
             if self.cache_stale:
                 raise Refused("the prefix cache holds KV computed with the weights before the last "
                               "update; /flush_cache after updating weights (reference server rule: "

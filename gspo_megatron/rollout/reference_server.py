@@ -88,7 +88,8 @@ class ReferenceServer:
     def __init__(self, engine: EmbeddedEngine, host: str = "127.0.0.1", port: int = 0,
                  faults: Optional[FaultPlan] = None, max_batch_size: int = 64,
                  model_path: str = "", enable_memory_saver: bool = False,
-                 context_length: Optional[int] = None, health_timeout_s: float = 20.0) -> None:
+                 context_length: Optional[int] = None, health_timeout_s: float = 20.0,
+                 update_idle_timeout_s: float = 600.0, request_log_path: Optional[str] = None) -> None:
         self.engine = engine
         self.faults = faults or FaultPlan()
         self.model_path = model_path
@@ -98,9 +99,11 @@ class ReferenceServer:
         self.vocab_size = int(cfg.vocab_size)
         self.health_timeout_s = health_timeout_s
         self.scheduler = ReferenceScheduler(engine, max_batch_size)
-        self.weights = WeightReceiver(self.scheduler)
-        self.request_log: List[Tuple[str, Any]] = []
-        """Every (path, JSON body) received, in arrival order (tests check the client's calls)."""
+        self.weights = WeightReceiver(self.scheduler, update_idle_timeout_s)
+        self.request_log: List[Tuple[str, str, Any]] = []
+        """Every (method, path, JSON body) received, in arrival order (tests check the client)."""
+        self.request_log_path = request_log_path
+        """Also append ``{"method", "path"}`` lines here (tests of server processes)."""
         self._num_generate = 0
         self._counter_lock = threading.Lock()
         self.httpd = ThreadingHTTPServer((host, port), self._handler_class())
@@ -238,7 +241,10 @@ class ReferenceServer:
 
     def route(self, method: str, path: str, body: Any,
               client_gone: Callable[[], bool] = lambda: False) -> Optional[Tuple[int, Any]]:
-        self.request_log.append((path, body))
+        self.request_log.append((method, path, body))
+        if self.request_log_path:
+            with self._counter_lock, open(self.request_log_path, "a") as f:
+                f.write(json.dumps({"method": method, "path": path}) + "\n")
         if path not in ROUTES:
             return 404, {"detail": "Not Found"}
         if method not in ROUTES[path]:
@@ -337,6 +343,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="allow /release_memory_occupation (SGLang's flag of the same name)")
     p.add_argument("--context-length", type=int, default=None,
                    help="default: the model's max_position_embeddings")
+    p.add_argument("--request-log", default=None, help="append one JSON line per request here")
     p.add_argument("--fail-requests", type=_int_set, default=frozenset())
     p.add_argument("--hang-requests", type=_int_set, default=frozenset())
     p.add_argument("--exit-on-request", type=int, default=None)
@@ -353,7 +360,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                        exit_on_request=args.exit_on_request, delay_s=args.delay_s)
     server = ReferenceServer(engine, args.host, args.port, faults, args.max_batch_size,
                              model_path=args.model_path, enable_memory_saver=args.enable_memory_saver,
-                             context_length=args.context_length)
+                             context_length=args.context_length, request_log_path=args.request_log)
     log.info("reference server for %s listening on %s", args.model_path, server.address)
     try:
         server.serve_forever()

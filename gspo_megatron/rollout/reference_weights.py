@@ -58,7 +58,6 @@ class WeightReceiver:
         self.scheduler = scheduler
         self.engine = scheduler.engine
         self.groups: Dict[str, Any] = {}
-        self.session = False
         self.idle_timeout_s = idle_timeout_s
         self._lock = threading.Lock()
 
@@ -81,18 +80,22 @@ class WeightReceiver:
             return _fail(f"{type(exc).__name__}: {exc}")
 
     # --- session ----------------------------------------------------------------------------
+    @property
+    def session(self) -> bool:
+        return self.scheduler.session_open
+
     def begin(self, body: Dict[str, Any]) -> Tuple[int, Any]:
         with self._lock:
             if self.session:
                 return _fail("a weight-update session is already open; call end_weight_update() first")
-            self.session = True
+            self.scheduler.session_open = True
         return _ok("Success")
 
     def end(self, body: Dict[str, Any]) -> Tuple[int, Any]:
         with self._lock:
             if not self.session:
                 return _fail("no weight-update session is open; call begin_weight_update() first")
-            self.session = False
+            self.scheduler.session_open = False
         return _ok("Success")
 
     def _before_load(self, endpoint: str, body: Dict[str, Any], needs_session: bool):

@@ -49,7 +49,6 @@ class FleetControl:
         self.pause_epoch = 0
         """Bumped at every pause: an ``abort`` finish of a request sent before it was ours."""
         self.phases: Dict[str, float] = {}
-        self.skipped: List[str] = []
         self._session = False
 
     @contextmanager
@@ -62,7 +61,7 @@ class FleetControl:
 
     def _all(self, name: str, call) -> None:
         with self._phase(name):
-            self.skipped += self.pool.on_members(call, name)
+            self.pool.on_members(call, name)
 
     # --- pause / abort ----------------------------------------------------------------------
     def pause_and_abort(self) -> None:
@@ -84,7 +83,7 @@ class FleetControl:
     # --- weight sync ------------------------------------------------------------------------
     def begin(self, session: bool = True) -> List[str]:
         """Phases 1-4; returns the member addresses the transport must send to."""
-        self.phases, self.skipped = {}, []
+        self.phases = {}
         self.pool.readmit_for_sync()
         self.pause_and_abort()
         if "weights" in self.released:
@@ -122,7 +121,11 @@ class FleetControl:
     def metrics(self) -> Dict[str, float]:
         out = {f"weight_sync/{k}_s": v for k, v in self.phases.items()}
         out["weight_sync/num_servers"] = float(len(self.pool.members))
-        out["weight_sync/num_skipped_servers"] = float(len(self.skipped))
+        # servers out of rotation before or during this update: they did not get it
+        out["weight_sync/num_skipped_servers"] = float(len(self.pool.dead))
+        if self.pool.dead:
+            log.warning("weight update %s skipped rollout servers out of rotation: %s",
+                        self.weight_version, self.pool.dead)
         return out
 
     # --- colocated memory -------------------------------------------------------------------
@@ -130,7 +133,7 @@ class FleetControl:
         """Pause, abort, then release ``tags`` (all: weights, KV cache, CUDA graphs). SGLang
         asserts the server is idle (weight_updater.release_memory_occupation)."""
         tags = list(api.MEMORY_TAGS if tags is None else tags)
-        self.phases, self.skipped = {}, []
+        self.phases = {}
         self.pause_and_abort()
         self._all("release", lambda s: s.client.release_memory(tags))
         self.released |= set(tags)

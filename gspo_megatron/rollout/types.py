@@ -233,6 +233,8 @@ class RolloutEngine(abc.ABC):
 
     def attach_weight_transport(self, transport: WeightTransport) -> None:
         """Route :meth:`update_weights` through ``transport`` (built by weight_sync)."""
+        if getattr(transport, "engine", self) is None:
+            transport.engine = self  # a transport built before its engine drives this one
         self._transport = transport
 
     def update_weights(self, named_tensors: NamedTensors,

@@ -84,10 +84,6 @@ class BroadcastTransport(BucketTransport):
     def world_size(self) -> int:
         return 1 + self.server_tp_size * len(self.clients)
 
-    def _on_all(self, call, body) -> None:
-        for fut in [self._pool.submit(call(c), body(i)) for i, c in enumerate(self.clients)]:
-            fut.result(timeout=self.timeout_s)
-
     def connect(self, members: List[str]) -> None:
         """(Re)form the group with ``members``; blocks until every server joined."""
         self._disconnect()
