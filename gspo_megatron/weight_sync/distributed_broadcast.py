@@ -13,8 +13,8 @@ formed and used one stage at a time (weight_sync/sync.py, checkpoint/gather.py),
 serves one group call at a time and two stages waiting on each other's servers would deadlock.
 
 Membership: :meth:`connect` is called when the set of live servers changed (a server died or came
-back): old groups are destroyed on the surviving servers and here, and a new group is formed on a
-fresh port. Lazy NCCL init on both sides: sglang 0.5.23 joins without ``device_id``
+back) or a bucket failed: the old group is destroyed on the surviving servers and here, and a new
+group is formed under a new name on a fresh port. Lazy NCCL init on both sides: sglang 0.5.23 joins without ``device_id``
 (``init_custom_process_group(device_id=None)``); an eager init on one side only would deadlock
 the group's creation, so this side does not pass it either.
 """
@@ -74,11 +74,15 @@ class BroadcastTransport(BucketTransport):
         self.group = None
         self.clients: List[SGLangServerClient] = []
         self._pool: Optional[ThreadPoolExecutor] = None
+        self._formation = 0
 
     @property
     def group_name(self) -> str:
+        """``<group>[_pp<stage>][_<n>]``: the n-th re-formation gets a new name (an abandoned
+        group stays registered under the old one in this process)."""
         c = self.coordinator
-        return self.base_group_name if c.num_stages == 1 else f"{self.base_group_name}_pp{c.stage}"
+        name = self.base_group_name if c.num_stages == 1 else f"{self.base_group_name}_pp{c.stage}"
+        return name if self._formation == 0 else f"{name}_{self._formation}"
 
     @property
     def world_size(self) -> int:
@@ -86,7 +90,9 @@ class BroadcastTransport(BucketTransport):
 
     def connect(self, members: List[str]) -> None:
         """(Re)form the group with ``members``; blocks until every server joined."""
-        self._disconnect()
+        if self.clients:
+            self._disconnect()
+            self._formation += 1
         self.clients = [SGLangServerClient(a, self.timeout_s, self.timeout_s) for a in members]
         if not self.clients:
             raise RuntimeError("no live rollout server to send weights to")
