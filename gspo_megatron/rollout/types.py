@@ -165,7 +165,7 @@ class WeightSyncStats:
         self.num_bytes += num_bytes
 
     def as_metrics(self, prefix: str = "weight_sync/") -> Dict[str, float]:
-        out = {f"{prefix}seconds": self.seconds, f"{prefix}gb_per_s": self.gb_per_s,
+        out = {f"{prefix}total_s": self.seconds, f"{prefix}gb_per_s": self.gb_per_s,
                f"{prefix}gb": self.num_bytes / 1e9, f"{prefix}num_buckets": float(self.num_buckets)}
         out.update(self.phases)
         return out
