@@ -69,6 +69,18 @@ def _check_context_parallel(cfg, check) -> None:
           f"parallel.cp={p.cp}")
 
 
+def _check_weight_sync_servers(cfg, check) -> None:
+    """Rules of SGLang 0.5.23's weight-update endpoints (docs/rollout.md)."""
+    r = cfg.rollout
+    if r.engine == "embedded":
+        return
+    broadcast = r.weight_sync.transport == "nccl" or (r.weight_sync.transport == "auto"
+                                                      and r.mode == "disaggregated")
+    check(not broadcast or r.sglang.dp == 1, "rollout.sglang.dp",
+          f"{r.sglang.dp}: SGLang's update_weights_from_distributed asserts dp_size == 1; "
+          "use more servers (rollout.sglang.num_servers) instead of dp")
+
+
 def validate_config(cfg, world_size: Optional[int] = None) -> None:
     """Raise ConfigError listing every inconsistency found; return None when all is well."""
     errors: List[str] = []
@@ -171,6 +183,7 @@ def validate_config(cfg, world_size: Optional[int] = None) -> None:
           "engine takes 'tensor' or 'disk'")
 
     _check_context_parallel(cfg, check)
+    _check_weight_sync_servers(cfg, check)
 
     # Precision.
     if m.fp8.enabled:
