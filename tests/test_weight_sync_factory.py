@@ -42,8 +42,11 @@ def test_builds_each_transport_and_attaches(embedded, tmp_path):
                          server_tp_size=2, master_port=29999, attach=False)
     assert isinstance(bc, BroadcastTransport) and bc.dst == "stage" and bc.session
     assert bc.server_tp_size == 2 and bc._first_port == 29999 and remote._transport is ipc
-    stage = build_stage_transport(WeightSyncConfig(master_port=29999, master_address="10.1.2.3"), 4)
-    assert stage._first_port is None and stage.master_address == "10.1.2.3"  # the port is rank 0's
+    main_cfg = WeightSyncConfig(transport="nccl", master_port=29999, master_address="10.1.2.3")
+    main = build_transport(main_cfg, remote, "sglang", mode="disaggregated", attach=False)
+    assert (main.master_address, main._first_port) == ("10.1.2.3", 29999)
+    stage = build_stage_transport(main_cfg, 4)  # another stage's first rank, on another host
+    assert stage._first_port is None and stage.master_address is None
 
 
 def test_clear_errors(embedded):

@@ -8,7 +8,8 @@ member (``load_format="flattened_bucket"``, ``flush_cache=False``) and, while th
 broadcasts the bucket as one flat uint8 tensor; the servers load it by HF name.
 
 With pipeline parallelism every stage's first rank owns one such group (``<group>_pp<stage>``,
-rendezvous on its own host) and sends its stage's buckets itself, as slime does; the groups are
+rendezvous on its own host, at its address on the route to the servers:
+distributed/host_address.py) and sends its stage's buckets itself, as slime does; the groups are
 formed and used one stage at a time (weight_sync/sync.py, checkpoint/gather.py), since a server
 serves one group call at a time and two stages waiting on each other's servers would deadlock.
 
@@ -22,7 +23,6 @@ the group's creation, so this side does not pass it either.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +30,7 @@ from typing import List, Optional
 
 import torch
 
+from gspo_megatron.distributed.host_address import update_group_address
 from gspo_megatron.rollout import sglang_api as api
 from gspo_megatron.rollout.sglang_client import ServerUnavailable, SGLangServerClient
 from gspo_megatron.rollout.update_group import (broadcast_from_learner, create_update_group,
@@ -46,11 +47,6 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def sender_address() -> str:
-    """Address servers reach this process at: $GSPO_WEIGHT_SYNC_ADDR or this host's address."""
-    return os.environ.get("GSPO_WEIGHT_SYNC_ADDR") or socket.gethostbyname(socket.gethostname())
-
-
 class BroadcastTransport(BucketTransport):
     """One broadcast group between this process (rank 0) and every member server's TP ranks."""
 
@@ -64,7 +60,8 @@ class BroadcastTransport(BucketTransport):
         if server_tp_size < 1:
             raise ValueError(f"server TP size must be >= 1, got {server_tp_size}")
         self.server_tp_size = server_tp_size
-        self.master_address = master_address or sender_address()
+        self.master_address = master_address
+        """Rendezvous host; None: this host's address on the route to the first member."""
         self._first_port = master_port
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self.device = torch.device("cuda", torch.cuda.current_device()) \
@@ -97,14 +94,15 @@ class BroadcastTransport(BucketTransport):
         if not self.clients:
             raise RuntimeError("no live rollout server to send weights to")
         self._pool = ThreadPoolExecutor(max_workers=len(self.clients), thread_name_prefix="weight-sync")
-        port = self._first_port or _free_port(self.master_address)
+        host = update_group_address(self.master_address, members)
+        port = self._first_port or _free_port(host)
         self._first_port = None  # a re-formed group rendezvous on a fresh port
         payload = lambda i: api.init_group_payload(  # noqa: E731
-            self.master_address, port, 1 + i * self.server_tp_size, self.world_size,
+            host, port, 1 + i * self.server_tp_size, self.world_size,
             self.group_name, self.backend)
         futures = [self._pool.submit(c.init_weights_update_group, payload(i))
                    for i, c in enumerate(self.clients)]
-        self.group = create_update_group(self.master_address, port, 0, self.world_size,
+        self.group = create_update_group(host, port, 0, self.world_size,
                                          self.group_name, self.backend, self.timeout_s)
         for f in futures:
             f.result(timeout=self.timeout_s)

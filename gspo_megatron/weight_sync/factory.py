@@ -62,7 +62,8 @@ def build_transport(sync_cfg, engine, engine_kind: str, mode: str = "colocated",
         if not servers:
             raise ValueError("rollout.weight_sync.transport=nccl needs server engines "
                              "(sglang/reference); the embedded engine uses 'tensor' or 'disk'")
-        transport = build_stage_transport(sync_cfg, server_tp_size, master_address,
+        transport = build_stage_transport(sync_cfg, server_tp_size,
+                                          master_address or sync_cfg.master_address,
                                           master_port or sync_cfg.master_port)
         transport.engine = engine
     if attach:
@@ -72,9 +73,9 @@ def build_transport(sync_cfg, engine, engine_kind: str, mode: str = "colocated",
 
 def build_stage_transport(sync_cfg, server_tp_size: int = 1, master_address: Optional[str] = None,
                           master_port: Optional[int] = None) -> BroadcastTransport:
-    """The broadcast sender of one pipeline stage; its group rendezvous at ``master_address``
-    (default: ``weight_sync.master_address``, else this host) on ``master_port`` (None: a free
-    port; ``weight_sync.master_port`` is for the main rank only)."""
+    """The broadcast sender of one pipeline stage. Its group rendezvous at ``master_address``
+    (None: this host's address on the route to the servers) on ``master_port`` (None: a free
+    port). ``weight_sync.master_address`` / ``master_port`` name rank 0's host and port, so only
+    :func:`build_transport` (the main rank) passes them."""
     return BroadcastTransport(sync_cfg.bucket_bytes, server_tp_size,
-                              master_address=master_address or sync_cfg.master_address,
-                              master_port=master_port)
+                              master_address=master_address, master_port=master_port)

@@ -87,14 +87,16 @@ class CudaIpcTransport(BucketTransport):
 
     def __init__(self, engine, bucket_bytes: int, tp_size: int = 1,
                  serialize: Optional[Callable[[Sequence[Tuple[str, torch.Tensor]]], str]] = None,
-                 timeout_s: float = 600.0) -> None:
+                 timeout_s: float = 600.0, clients: Sequence = ()) -> None:
         super().__init__(engine, bucket_bytes)
         if tp_size < 1:
             raise ValueError(f"server TP size must be >= 1, got {tp_size}")
         self.tp_size = tp_size
         self.timeout_s = timeout_s
         self._serialize = serialize or serialize_named_tensors
-        self._clients: List[SGLangServerClient] = []
+        self._clients: List = list(clients)
+        """Objects with ``update_weights_from_tensor(body)``; :meth:`connect` makes them from
+        the members' addresses (given here, they serve tools that drive :meth:`send_bucket`)."""
 
     def connect(self, members: List[str]) -> None:
         self._clients = [SGLangServerClient(a, self.timeout_s, self.timeout_s) for a in members]
