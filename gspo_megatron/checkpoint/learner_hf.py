@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-import torch
 import torch.distributed as dist
 
 from gspo_megatron.checkpoint.convert import fill_from_hf
