@@ -311,9 +311,15 @@ def one_place_violations(tree, what: str, lines_of) -> Dict[str, str]:
 
 
 def bucket_loop_lines(mod: Module) -> List[int]:
-    """Lines counting a bucket (``stats.num_buckets += 1``): the body of a bucket loop."""
-    return [n.lineno for n in ast.walk(mod.tree) if isinstance(n, ast.AugAssign)
-            and isinstance(n.target, ast.Attribute) and n.target.attr == "num_buckets"]
+    """Lines counting a bucket (``stats.num_buckets += 1`` or ``stats.add_bucket(...)``): the body
+    of a bucket loop. The counter's own ``add_bucket`` method is the counter, not a loop."""
+    counter = {id(n) for f in ast.walk(mod.tree) if isinstance(f, ast.FunctionDef)
+               and f.name == "add_bucket" for n in ast.walk(f)}
+    return [n.lineno for n in ast.walk(mod.tree) if id(n) not in counter and (
+        (isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Attribute)
+         and n.target.attr == "num_buckets")
+        or (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            and n.func.attr == "add_bucket"))]
 
 
 def loss_violations(tree) -> Dict[str, str]:

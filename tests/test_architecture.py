@@ -28,18 +28,11 @@ LIB_MEGATRON = {"distributed", "model", "learner", "checkpoint", "gpu_check"}
 LIB_SGLANG = {"rollout", "weight_sync"}
 
 KNOWN: Dict[str, Dict[str, str]] = {
-    "floors": {
-        "rollout -> distributed": "i12: rollout/embedded.py imports distributed/cpu_compat.py",
-        "trainer -> model": "i12: trainer/hf_weights.py is checkpoint glue in trainer/",
-    },
-    "reach": {"rollout reaches megatron": "i12: rollout/embedded.py -> distributed/cpu_compat.py"},
-    "orphans": {"gspo_megatron.weight_sync.estimate": "i12: used by benchmarks only"},
-    "bucket_loop": {f"bucket loop in gspo_megatron.{m}": "i12: one bucket loop for all transports"
-                    for m in ("weight_sync.disk", "weight_sync.in_process",
-                              "weight_sync.distributed_broadcast", "rollout.embedded")},
-    "engine": {f"SGLangEngine construction in gspo_megatron.rollout.{m}":
-               "i12: rollout/factory.py repeats SGLangEngine.from_config"
-               for m in ("factory", "sglang_engine")},
+    # The one loop is weight_sync/sync.py; the GPU kit keeps a second one until its first GPU run.
+    "bucket_loop": {f"bucket loop in gspo_megatron.{m}":
+                    "lead: the GPU kit times CudaIpcTransport.send_bucket alone, without an "
+                    "engine session; move it onto weight_sync.sync.run_update after its first GPU run"
+                    for m in ("gpu_check.weight_sync_check", "weight_sync.sync")},
     "build": {"gspo_megatron.trainer.build defines ResumeState": "i18: checkpoint resume module"},
     "config": {"RolloutConfig.overlap_one_step": "i17: rollout.overlap_one_step",
                "LoggingConfig.log_every_steps": "i16: logging.log_every_steps"},

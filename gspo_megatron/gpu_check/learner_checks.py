@@ -34,7 +34,7 @@ LOGPROB_FLOOR = {"fp32": 1e-4, "bf16": 2e-3}
 def build_learner(cfg, runtime, hf_dir) -> Dict[str, object]:
     """The learner for ``cfg`` with the HF weights of ``hf_dir`` read through the converter."""
     from gspo_megatron.learner.learner import Learner
-    from gspo_megatron.trainer.hf_weights import load_hf_into_learner
+    from gspo_megatron.checkpoint.learner_hf import load_hf_into_learner
 
     t0 = time.perf_counter()
     learner = Learner(cfg, runtime, total_steps=100)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from gspo_megatron.algorithms.losses import get_policy_loss
+from gspo_megatron.checkpoint.learner_hf import export_learner_to_hf, load_hf_into_learner
 from gspo_megatron.config.validate import ConfigError
 from gspo_megatron.data.dataset import load_prompt_dataset
 from gspo_megatron.data.sampler import PromptSampler
@@ -27,8 +28,6 @@ from gspo_megatron.learner.learner import Learner
 from gspo_megatron.rewards.runner import RewardRunner
 from gspo_megatron.rewards.scorer import RolloutScorer
 from gspo_megatron.trainer.evaluation import before_after_table
-from gspo_megatron.trainer.hf_weights import (export_learner_to_hf, learner_hf_tensors,
-                                              load_hf_into_learner)
 from gspo_megatron.trainer.metrics_log import MetricsLogger
 from gspo_megatron.trainer.plot import plot_history
 from gspo_megatron.trainer.preemption import PreemptionFlag
@@ -64,17 +63,14 @@ class TrainerParts:
     reference: Optional[Learner] = None
     """Frozen initial policy for the KL penalty (only when ``algo.kl_coef > 0``)."""
     logger: MetricsLogger = field(default=None)  # type: ignore[assignment]
+    syncer: Any = None
+    """``weight_sync.learner_sync.LearnerWeightSync`` (every rank)."""
 
     # ---- weight sync ---------------------------------------------------------------------
     def weight_sync(self) -> Dict[str, float]:
-        """Stream every learner parameter, in HF names, into the engine (collective)."""
-        named = learner_hf_tensors(self.learner)
-        if self.runtime.is_main:
-            stats = self.engine.update_weights(named, weight_version=str(self.learner.step))
-            return {"weight_sync/gb": stats.num_bytes / 1e9, "weight_sync/gb_per_s": stats.gb_per_s}
-        for _ in named:  # other ranks take part in the gathers and drop the results
-            pass
-        return {}
+        """Stream every learner parameter, in HF names, into the engine (collective); the
+        engine's update protocol (pause, abort, begin, buckets, end, flush, continue) included."""
+        return self.syncer(str(self.learner.step))
 
     # ---- checkpoints ---------------------------------------------------------------------
     def _complete_steps(self) -> List[int]:
@@ -125,9 +121,33 @@ class TrainerParts:
 
     def close(self) -> None:
         if self.engine is not None:
-            self.engine.shutdown()
+            self.engine.shutdown()  # closes its attached transport
+        elif self.syncer is not None and self.syncer.transport is not None:
+            self.syncer.transport.close()  # a pipeline stage's broadcast sender
         if self.logger is not None:
             self.logger.close()
+
+
+def _build_weight_sync(parts: TrainerParts, cfg, runtime, run_dir: Path):
+    """The engine and its transport on the main rank; a stage sender elsewhere when needed."""
+    from gspo_megatron.weight_sync.factory import (build_stage_transport, build_transport,
+                                                   transport_dst)
+    from gspo_megatron.weight_sync.learner_sync import LearnerWeightSync
+
+    r = cfg.rollout
+    dst = transport_dst(r.weight_sync, r.engine, r.mode)
+    transport = None
+    if runtime.is_main:
+        from gspo_megatron.distributed.cpu_compat import device_redirect_suspended
+        from gspo_megatron.rollout.factory import build_engine
+
+        parts.engine = build_engine(r, model_path=cfg.model.hf_path, log_dir=str(run_dir / "logs"),
+                                    generation_context=device_redirect_suspended)
+        transport = build_transport(r.weight_sync, parts.engine, r.engine, mode=r.mode,
+                                    server_tp_size=r.sglang.tp, config_dir=cfg.model.hf_path)
+    elif dst == "stage":
+        transport = build_stage_transport(r.weight_sync, r.sglang.tp)
+    return LearnerWeightSync(parts.learner, parts.engine, transport, dst, r.weight_sync.bucket_bytes)
 
 
 def build_parts(cfg, runtime) -> TrainerParts:
@@ -155,21 +175,8 @@ def build_parts(cfg, runtime) -> TrainerParts:
         _load_initial(parts.reference, cfg)
     parts.logger = MetricsLogger(run_dir, cfg.logging.wandb,
                                  OmegaConf.to_container(cfg, resolve=True), enabled=runtime.is_main)
+    parts.syncer = _build_weight_sync(parts, cfg, runtime, run_dir)
     if runtime.is_main:
-        from gspo_megatron.rollout.factory import build_engine
-        from gspo_megatron.weight_sync.factory import build_transport
-
-        parts.engine = build_engine(cfg.rollout, model_path=cfg.model.hf_path,
-                                    log_dir=str(run_dir / "logs"))
-        from gspo_megatron.distributed.host_address import update_group_address
-        from gspo_megatron.distributed.runtime import free_port
-
-        build_transport(cfg.rollout.weight_sync, parts.engine, mode=cfg.rollout.mode,
-                        server_tp_size=cfg.rollout.sglang.tp,
-                        master_address=update_group_address(cfg.rollout.weight_sync.master_address,
-                                                            cfg.rollout.sglang.server_addresses),
-                        master_port=cfg.rollout.weight_sync.master_port or free_port(),
-                        config_dir=cfg.model.hf_path)
         parts.reward_runner = RolloutScorer(RewardRunner.from_config(cfg.reward), tokenizer)
         if cfg.data.eval_path:
             parts.eval_prompts = load_prompt_dataset(cfg.data.eval_path, tokenizer, cfg.data).records

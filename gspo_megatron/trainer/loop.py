@@ -62,7 +62,12 @@ class GSPOTrainer:
     def sync_weights(self) -> Dict[str, float]:
         start = time.perf_counter()
         stats = self.p.weight_sync()
+        if self._colocated_main():  # the KV cache comes back and generation goes on
+            self.p.engine.resume_memory()
         return {"time/weight_sync_s": time.perf_counter() - start, **stats}
+
+    def _colocated_main(self) -> bool:
+        return self.p.runtime.is_main and self.cfg.rollout.mode == "colocated"
 
     def evaluate(self) -> Dict[str, float]:
         if not self.p.runtime.is_main or self.p.eval_prompts is None:
@@ -92,6 +97,8 @@ class GSPOTrainer:
         if p.runtime.is_main:
             rollout = collect_rollout(p.sampler, p.engine, p.reward_runner, p.tokenizer, cfg,
                                       self.step)
+        if self._colocated_main():  # the learner's phases get the servers' memory
+            p.engine.release_memory()
         rollout = _broadcast_object(rollout, p)
         if not p.runtime.is_main:  # every rank's sampler keeps the main rank's data position
             p.sampler.next_batch(rollout.num_prompts_drawn)
