@@ -83,6 +83,8 @@ def test_missing_file_and_cycle_are_reported(tmp_path):
     (["model.fp8.enabled=true", "model.fp8.recipe=delayed"], "'delayed' recipe cannot keep"),
     (["rollout.weight_sync.transport=nccl"], "'nccl' needs server engines"),
     (["rollout.weight_sync.transport=disk"], "transport=disk needs a shared directory"),
+    (["rollout.engine=sglang", "rollout.mode=disaggregated", "rollout.sglang.dp=2"],
+     "asserts dp_size == 1"),
     (["parallel.world_size=8", "parallel.tp=2", "parallel.sp=true", "batch.num_prompts_per_step=1",
       "rollout.n_samples_per_prompt=4", "batch.num_mini_batches=4"],
      "cannot feed 4 data-parallel ranks"),

@@ -1,4 +1,5 @@
-"""The optimizer helpers: resetting Adam's state equals starting a fresh optimizer."""
+"""The optimizer helpers: resetting Adam's state equals starting a fresh optimizer; a constant-lr
+stage hands the learning-rate schedule back where it was."""
 
 from __future__ import annotations
 
@@ -37,3 +38,34 @@ def test_reset_adam_state_equals_a_fresh_optimizer(tmp_path):
     out = run_on_ranks(_reset_vs_fresh, world_size=1, timeout_s=300, root=str(tmp_path))[0]
     assert out["dropped"] > 0
     assert out["diff"] < 1e-7, out["diff"]
+
+
+def test_constant_learning_rate_stage_gives_the_schedule_back_untouched():
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    from gspo_megatron.learner.optimizer import constant_learning_rate
+
+    def fresh():
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.0)
+        opt.param_groups[0]["max_lr"] = 2e-3  # a per-group override the schedule reads first
+        sched = OptimizerParamScheduler(opt, init_lr=0.0, max_lr=1e-3, min_lr=1e-4,
+                                        lr_warmup_steps=2, lr_decay_steps=10,
+                                        lr_decay_style="cosine", start_wd=0.0, end_wd=0.0,
+                                        wd_incr_steps=10, wd_incr_style="constant")
+        return opt, sched
+
+    opt, sched = fresh()
+    sched.step(1)
+    with constant_learning_rate(opt, sched, 5e-5):
+        assert opt.param_groups[0]["lr"] == 5e-5
+        for _ in range(4):  # training steps inside the stage advance the schedule
+            sched.step(1)
+            assert opt.param_groups[0]["lr"] == pytest.approx(5e-5)
+    ref_opt, ref_sched = fresh()
+    ref_sched.step(1)
+    assert sched.num_steps == ref_sched.num_steps == 1
+    assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"] > 0
+    assert opt.param_groups[0]["max_lr"] == 2e-3 and "min_lr" not in opt.param_groups[0]
+    sched.step(3)
+    ref_sched.step(3)
+    assert opt.param_groups[0]["lr"] == pytest.approx(ref_opt.param_groups[0]["lr"])

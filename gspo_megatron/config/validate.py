@@ -118,8 +118,7 @@ LOWER_BOUNDS = (
     ("data.max_prompt_tokens", 1, True), ("data.max_bad_row_fraction", 0.0, True),
     ("reward.timeout_s", 0.0, False), ("reward.num_workers", 1, True),
     ("logging.log_every_steps", 1, True),
-    ("optimizer.lr", 0.0, False), ("optimizer.min_lr", 0.0, True),
-    ("optimizer.warmup_steps", 0, True),
+    ("optimizer.min_lr", 0.0, True), ("optimizer.warmup_steps", 0, True),
     ("optimizer.weight_decay", 0.0, True), ("optimizer.adam_eps", 0.0, False),
     ("optimizer.clip_grad", 0.0, True), ("optimizer.adam_beta1", 0.0, True),
     ("optimizer.adam_beta2", 0.0, True), ("batch.max_tokens_per_micro_batch", 1, True),
@@ -141,30 +140,52 @@ def _check_ranges(cfg, check) -> None:
         check(_get(cfg, key) < 1.0, key, f"{_get(cfg, key)} must be < 1")
     check(cfg.data.max_bad_row_fraction <= 1.0, "data.max_bad_row_fraction",
           f"{cfg.data.max_bad_row_fraction} must be <= 1")
-    check(cfg.optimizer.min_lr <= cfg.optimizer.lr, "optimizer.min_lr",
-          f"{cfg.optimizer.min_lr} must be <= optimizer.lr={cfg.optimizer.lr}")
+    if cfg.optimizer.lr > 0:  # lr itself is checked with the optimizer
+        check(cfg.optimizer.min_lr <= cfg.optimizer.lr, "optimizer.min_lr",
+              f"{cfg.optimizer.min_lr} must be <= optimizer.lr={cfg.optimizer.lr}")
 
 
 def validate_config(cfg, world_size: Optional[int] = None) -> None:
-    """Raise ConfigError listing every inconsistency found; return None when all is well."""
+    """Raise ConfigError listing every inconsistency found; return None when all is well.
+
+    ``world_size``, when given, is the number of processes actually launched."""
     errors: List[str] = []
 
     def check(ok: bool, key: str, msg: str) -> None:
         if not ok:
             errors.append(f"{key}: {msg}")
 
-    for key, allowed in CHOICES.items():
-        value = _get(cfg, key)
-        check(value in allowed, key, f"'{value}' is not one of {', '.join(allowed)}")
-
-    m, p = cfg.model, cfg.parallel
-    for key in ("tp", "pp", "ep", "etp", "cp"):
-        check(getattr(p, key) >= 1, f"parallel.{key}", "must be >= 1")
+    _check_choices_and_sizes(cfg, check)
     _check_ranges(cfg, check)
+    if errors:  # the checks below divide by the sizes and branch on the choices
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+    _check_model_layout(cfg, check)
+    errors.extend(world_size_errors(cfg.parallel, world_size))
+    _check_data_parallel_feed(cfg, world_size, check)
+    _check_batching(cfg, check)
+    _check_algorithm(cfg, check)
+    _check_rollout(cfg, check)
+    _check_context_parallel(cfg, check)
+    _check_sequence_padding(cfg, check)
+    _check_fp8(cfg, check)
+    _check_fleet_and_allocation(cfg, check)
+    _check_optimizer(cfg, check)
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
 
-    # Model shapes against the layout.
+
+def _check_choices_and_sizes(cfg, check) -> None:
+    """Every enumerated key holds one of its choices; every parallel size is >= 1."""
+    for key, allowed in CHOICES.items():
+        value = _get(cfg, key)
+        check(value in allowed, key, f"'{value}' is not one of {', '.join(allowed)}")
+    for key in ("tp", "pp", "ep", "etp", "cp"):
+        check(getattr(cfg.parallel, key) >= 1, f"parallel.{key}", "must be >= 1")
+
+
+def _check_model_layout(cfg, check) -> None:
+    """Model shapes against the TP / PP / VPP / SP / EP layout."""
+    m, p = cfg.model, cfg.parallel
     check(m.num_attention_heads % p.tp == 0, "parallel.tp",
           f"tp={p.tp} must divide model.num_attention_heads={m.num_attention_heads}")
     check(m.num_query_groups % p.tp == 0, "parallel.tp",
@@ -193,26 +214,48 @@ def validate_config(cfg, world_size: Optional[int] = None) -> None:
         check(p.ep == 1 and p.etp == 1, "parallel.ep",
               "expert parallelism (ep/etp > 1) needs an MoE model")
 
-    world = world_size if world_size is not None else p.world_size
+
+def world_size_errors(parallel, world_size: Optional[int] = None) -> List[str]:
+    """The parallel layout against the number of processes, one message per problem.
+
+    ``world_size`` is the number launched (None: check against ``parallel.world_size``, when the
+    config sets it). The one place these rules live: ``validate_config`` reports them with the
+    rest, ``distributed.runtime.init_distributed`` refuses to start a layout that breaks them.
+    """
+    p, errors = parallel, []
     if world_size is not None and p.world_size is not None and world_size != p.world_size:
         errors.append(f"parallel.world_size: config says {p.world_size} but {world_size} "
                       "processes were launched")
-    if world is not None:
-        dense_group = p.tp * p.pp * p.cp
-        check(world % dense_group == 0, "parallel.world_size",
-              f"world size {world} is not divisible by tp*pp*cp = {p.tp}*{p.pp}*{p.cp} = {dense_group}")
-        expert_group = p.etp * p.ep * p.pp
-        check(world % expert_group == 0, "parallel.ep",
-              f"world size {world} is not divisible by etp*ep*pp = {p.etp}*{p.ep}*{p.pp} = {expert_group}")
-        if world % dense_group == 0:
-            dp = world // dense_group
-            num_samples = cfg.batch.num_prompts_per_step * cfg.rollout.n_samples_per_prompt
-            per_mini = num_samples // max(cfg.batch.num_mini_batches, 1)
-            check(per_mini >= dp, "batch.num_mini_batches",
-                  f"a mini-batch of {per_mini} sequences cannot feed {dp} data-parallel ranks")
+    world = world_size if world_size is not None else p.world_size
+    if world is None:
+        return errors
+    dense_group = p.tp * p.pp * p.cp
+    if world % dense_group:
+        errors.append(f"parallel.world_size: world size {world} is not divisible by tp*pp*cp = "
+                      f"{p.tp}*{p.pp}*{p.cp} = {dense_group}")
+    expert_group = p.etp * p.ep * p.pp
+    if world % expert_group:
+        errors.append(f"parallel.ep: world size {world} is not divisible by etp*ep*pp = "
+                      f"{p.etp}*{p.ep}*{p.pp} = {expert_group}")
+    return errors
 
-    # Batching.
-    b, r = cfg.batch, cfg.rollout
+
+def _check_data_parallel_feed(cfg, world_size: Optional[int], check) -> None:
+    """Every data-parallel rank needs at least one sequence of each mini-batch."""
+    p = cfg.parallel
+    world = world_size if world_size is not None else p.world_size
+    if world is None or world % (p.tp * p.pp * p.cp):
+        return
+    dp = world // (p.tp * p.pp * p.cp)
+    num_samples = cfg.batch.num_prompts_per_step * cfg.rollout.n_samples_per_prompt
+    per_mini = num_samples // max(cfg.batch.num_mini_batches, 1)
+    check(per_mini >= dp, "batch.num_mini_batches",
+          f"a mini-batch of {per_mini} sequences cannot feed {dp} data-parallel ranks")
+
+
+def _check_batching(cfg, check) -> None:
+    """Rollout batch and mini-batches; the longest sequence against the model's positions."""
+    m, b, r = cfg.model, cfg.batch, cfg.rollout
     check(b.num_prompts_per_step >= 1, "batch.num_prompts_per_step", "must be >= 1")
     check(b.num_mini_batches >= 1, "batch.num_mini_batches", "must be >= 1")
     num_samples = b.num_prompts_per_step * r.n_samples_per_prompt
@@ -226,16 +269,22 @@ def validate_config(cfg, world_size: Optional[int] = None) -> None:
     check(r.n_samples_per_prompt >= 2 or cfg.algo.advantage == "group_mean",
           "rollout.n_samples_per_prompt", "group-normalised advantages need >= 2 samples per prompt")
 
-    # Algorithm.
+
+def _check_algorithm(cfg, check) -> None:
+    """Clip range, KL and TIS settings within their meaning."""
     a = cfg.algo
     check(0.0 <= a.clip_eps_low < 1.0, "algo.clip_eps_low", f"{a.clip_eps_low} must be in [0, 1)")
     check(a.clip_eps_high >= 0.0, "algo.clip_eps_high", f"{a.clip_eps_high} must be >= 0")
     check(a.kl_coef >= 0.0, "algo.kl_coef", "must be >= 0")
     check(a.tis.cap >= 1.0, "algo.tis.cap", f"{a.tis.cap} must be >= 1")
+
+
+def _check_rollout(cfg, check) -> None:
+    """Sampling parameters, the embedded engine's batch, and the weight-sync transport."""
+    r = cfg.rollout
     check(r.temperature > 0.0, "rollout.temperature", "must be > 0 (log-probs of greedy decoding are not a policy)")
     check(0.0 < r.top_p <= 1.0, "rollout.top_p", "must be in (0, 1]")
     check(r.embedded_max_batch_size >= 1, "rollout.embedded_max_batch_size", "must be >= 1")
-
     ws = r.weight_sync
     check(ws.bucket_bytes > 0, "rollout.weight_sync.bucket_bytes", "must be > 0")
     check(ws.transport != "disk" or bool(ws.disk_dir), "rollout.weight_sync.disk_dir",
@@ -244,14 +293,9 @@ def validate_config(cfg, world_size: Optional[int] = None) -> None:
           "rollout.weight_sync.transport", f"'{ws.transport}' needs server engines; the embedded "
           "engine takes 'tensor' or 'disk'")
 
-    _check_context_parallel(cfg, check)
-    _check_sequence_padding(cfg, check)
 
-    _check_fp8(cfg, check)
-    _check_fleet_and_allocation(cfg, check)
+def _check_optimizer(cfg, check) -> None:
+    """Learning rate and the guard against non-finite steps."""
     check(cfg.optimizer.lr > 0, "optimizer.lr", "must be > 0")
     check(cfg.optimizer.max_consecutive_nonfinite >= 1, "optimizer.max_consecutive_nonfinite",
           "must be >= 1")
-
-    if errors:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))

@@ -18,7 +18,7 @@ the loss handed to Megatron is multiplied by ``num_micro_batches * dp_size`` (ex
 The MoE auxiliary loss keeps Megatron's usual per-micro-batch mean.
 
 Context parallelism (CP): every CP rank of a DP rank plans the same micro-batches and keeps its
-load-balanced share of each (``learner/context_parallel.py``); the losses complete per-sequence
+load-balanced share of each (``learner/batch.py``); the losses complete per-sequence
 sums over the CP group (``PolicyLossInputs.cp_group``, full ``seq_token_counts``), so each CP
 rank's loss is its share of the objective and the gradient is the *sum* over CP ranks. Megatron
 multiplies a 2-tuple loss by ``cp_size`` and DDP averages over DP x CP, which cancel: the scale

@@ -1,5 +1,8 @@
 """Megatron DDP wrapping, the (distributed) Adam optimizer, the LR schedule and a guarded step.
 
+Also the two things the cold start before RL does to them: a stage at its own constant learning
+rate (:func:`constant_learning_rate`) and forgetting Adam's state (:func:`reset_adam_state`).
+
 Gradients live in Megatron's contiguous fp32 grad buffers (``DistributedDataParallel``); with
 ``use_distributed_optimizer`` the Adam state and fp32 master weights are sharded over the
 data-parallel group. The step is :meth:`MegatronOptimizer.step` taken apart so that the global
@@ -9,6 +12,7 @@ gradient norm is known *before* anything is written: a non-finite norm skips the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from dataclasses import dataclass
@@ -118,3 +122,30 @@ def current_lr(optimizer) -> Optional[float]:
     for group in optimizer.param_groups:
         return float(group["lr"])
     return None
+
+
+@contextlib.contextmanager
+def constant_learning_rate(optimizer, scheduler, lr: float):
+    """Run a stage (the cold start) at its own constant lr, then give the RL schedule back
+    untouched: its step count, warm-up and decay start after the stage.
+
+    ``scheduler`` is Megatron's ``OptimizerParamScheduler``; per-group ``max_lr`` / ``min_lr``
+    overrides (which it reads before its own values) are set for the stage and restored after.
+    """
+    groups = optimizer.param_groups
+    saved = (scheduler.num_steps, scheduler.max_lr, scheduler.min_lr, scheduler.init_lr,
+             [(g.get("max_lr"), g.get("min_lr")) for g in groups])
+    scheduler.max_lr = scheduler.min_lr = scheduler.init_lr = lr
+    for g in groups:
+        g["max_lr"] = g["min_lr"] = g["lr"] = lr
+    try:
+        yield
+    finally:
+        scheduler.num_steps, scheduler.max_lr, scheduler.min_lr, scheduler.init_lr, per_group = saved
+        for g, (max_lr, min_lr) in zip(groups, per_group):
+            for key, value in (("max_lr", max_lr), ("min_lr", min_lr)):
+                if value is None:
+                    g.pop(key, None)
+                else:
+                    g[key] = value
+        scheduler.step(increment=0)  # re-apply the schedule's lr for its current step

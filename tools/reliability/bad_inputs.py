@@ -163,7 +163,7 @@ CASES: List[BadInput] = [
     BadInput("TIS cap below 1", "train", _train("algo.tis.cap=0.5"),
              "algo.tis.cap: 0.5 must be >= 1"),
     BadInput("zero learning rate", "train", _train("optimizer.lr=0"),
-             "optimizer.lr: 0.0 must be > 0.0"),
+             "optimizer.lr: must be > 0"),
     BadInput("min_lr above lr", "train", _train("optimizer.min_lr=1.0"),
              "optimizer.min_lr: 1.0 must be <= optimizer.lr"),
     BadInput("Adam beta2 = 1", "train", _train("optimizer.adam_beta2=1.0"),
