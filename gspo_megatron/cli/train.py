@@ -105,73 +105,94 @@ def main(argv: Optional[List[str]] = None) -> int:
     return _run(cfg, preemption, log)
 
 
-def _run(cfg, preemption, log: logging.Logger) -> int:
-    from gspo_megatron.config import ConfigError, save_config
+def _prepare_run_dir(cfg, runtime, lock) -> None:
+    """Take the run directory (main rank), then tidy interrupted writes before anything else
+    is written: a leftover ``.partial`` may be what fills the disk."""
+    from gspo_megatron.learner.checkpoint_files import checkpoint_root, clean_leftovers
+
+    run_dir = Path(cfg.logging.run_dir)
+    _main_rank_first(runtime, lock.acquire)
+
+    def tidy() -> None:
+        clean_leftovers(checkpoint_root(cfg.checkpoint, run_dir))
+        clean_leftovers(run_dir)
+
+    _main_rank_first(runtime, tidy)
+
+
+def _write_config(cfg, runtime) -> None:
+    from gspo_megatron.config import save_config
+    from gspo_megatron.learner.disk_space import OutputWriteError, describe_write_failure
+
+    def write() -> None:
+        path = Path(cfg.logging.run_dir) / "config.yaml"
+        try:
+            save_config(cfg, path)
+        except OSError as exc:
+            raise OutputWriteError(describe_write_failure(exc, path, "config.yaml")) from None
+
+    _main_rank_first(runtime, write)
+
+
+def _exit_code(exc: BaseException, run_dir: Path, log: logging.Logger) -> Optional[int]:
+    """The exit code of an expected failure (logged as one line); None for anything else."""
+    from gspo_megatron.config import ConfigError
     from gspo_megatron.data.records import DataLoadError
+    from gspo_megatron.learner.checkpoint_files import CheckpointError
+    from gspo_megatron.learner.disk_space import OutputWriteError, describe_write_failure
+    from gspo_megatron.learner.learner import NonFiniteTrainingError
+    from gspo_megatron.rewards.registry import RewardLookupError
+    from gspo_megatron.trainer.run_lock import RunDirLockedError
+
+    bad_input = (ConfigError, DataLoadError, RewardLookupError, RunDirLockedError, CheckpointError)
+    if isinstance(exc, bad_input):
+        code, message = EXIT_CONFIG, str(exc)
+    elif isinstance(exc, NonFiniteTrainingError):
+        code, message = EXIT_NONFINITE, str(exc)
+    elif isinstance(exc, OutputWriteError):
+        code, message = EXIT_WRITE_FAILED, str(exc)
+    elif isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
+        code = EXIT_WRITE_FAILED
+        message = describe_write_failure(exc, exc.filename or run_dir, "the run's outputs")
+    else:
+        return None
+    log.error("%s", message)
+    return code
+
+
+def _run(cfg, preemption, log: logging.Logger) -> int:
     from gspo_megatron.distributed.child_processes import children_die_with_this_process
     from gspo_megatron.distributed.runtime import init_distributed, shutdown_distributed
-    from gspo_megatron.learner.checkpoint_files import (CheckpointError, checkpoint_root,
-                                                        clean_leftovers)
-    from gspo_megatron.learner.disk_space import OutputWriteError, describe_write_failure
-    from gspo_megatron.rewards.registry import RewardLookupError
     from gspo_megatron.trainer.preemption import REQUEUE_EXIT_CODE
-    from gspo_megatron.trainer.run_lock import RunDirLock, RunDirLockedError
+    from gspo_megatron.trainer.run_lock import RunDirLock
 
     children_die_with_this_process()
     run_dir = Path(cfg.logging.run_dir)
     created_run_dir = not run_dir.exists()
     lock = RunDirLock(run_dir)
     runtime = init_distributed(cfg.parallel, seed=cfg.trainer.seed)
-    finished_cleanly = False
+    finished = False
     try:
-        from gspo_megatron.learner.learner import NonFiniteTrainingError
         from gspo_megatron.trainer.build import build_parts
         from gspo_megatron.trainer.loop import run_training
 
-        try:
-            _main_rank_first(runtime, lock.acquire)
-
-            def tidy() -> None:  # before anything else is written (a full disk needs the room)
-                clean_leftovers(checkpoint_root(cfg.checkpoint, run_dir))
-                clean_leftovers(run_dir)
-
-            _main_rank_first(runtime, tidy)
-            parts = build_parts(cfg, runtime, preemption)
-            if _any_rank(runtime, preemption.requested):  # signalled while building: requeue
-                parts.close()
-                return preemption.exit_code_if_requested("building the run") or REQUEUE_EXIT_CODE
-
-            def write_config() -> None:
-                path = run_dir / "config.yaml"
-                try:
-                    save_config(cfg, path)
-                except OSError as exc:
-                    raise OutputWriteError(describe_write_failure(exc, path, "config.yaml")) from None
-
-            _main_rank_first(runtime, write_config)
-            code = run_training(parts)
-            finished_cleanly = True
-            return code
-        except (ConfigError, DataLoadError, RewardLookupError, RunDirLockedError,
-                CheckpointError) as exc:
-            log.error("%s", exc)
-            return EXIT_CONFIG
-        except NonFiniteTrainingError as exc:
-            log.error("%s", exc)
-            return EXIT_NONFINITE
-        except OutputWriteError as exc:
-            log.error("%s", exc)
-            return EXIT_WRITE_FAILED
-        except OSError as exc:
-            if exc.errno not in WRITE_ERRNOS:
-                raise
-            where = exc.filename or run_dir
-            log.error("%s", describe_write_failure(exc, where, "the run's outputs"))
-            return EXIT_WRITE_FAILED
+        _prepare_run_dir(cfg, runtime, lock)
+        parts = build_parts(cfg, runtime, preemption)
+        if _any_rank(runtime, preemption.requested):  # signalled while building: requeue
+            parts.close()
+            return preemption.exit_code_if_requested("building the run") or REQUEUE_EXIT_CODE
+        _write_config(cfg, runtime)
+        code = run_training(parts)
+        finished = True
+        return code
+    except Exception as exc:  # expected failures become one line and an exit code
+        code = _exit_code(exc, run_dir, log)
+        if code is None:
+            raise
+        return code
     finally:
         lock.release()
-        empty = run_dir.is_dir() and not any(run_dir.iterdir())
-        if created_run_dir and not finished_cleanly and empty:
+        if created_run_dir and not finished and run_dir.is_dir() and not any(run_dir.iterdir()):
             run_dir.rmdir()  # a start that failed leaves no trace
         shutdown_distributed()
 

@@ -117,7 +117,6 @@ LOWER_BOUNDS = (
     ("rollout.sglang.max_concurrency_per_server", 1, True),
     ("data.max_prompt_tokens", 1, True), ("data.max_bad_row_fraction", 0.0, True),
     ("reward.timeout_s", 0.0, False), ("reward.num_workers", 1, True),
-    ("logging.log_every_steps", 1, True),
     ("optimizer.min_lr", 0.0, True), ("optimizer.warmup_steps", 0, True),
     ("optimizer.weight_decay", 0.0, True), ("optimizer.adam_eps", 0.0, False),
     ("optimizer.clip_grad", 0.0, True), ("optimizer.adam_beta1", 0.0, True),

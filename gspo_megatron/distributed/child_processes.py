@@ -8,7 +8,11 @@ It is reset by ``fork`` but kept across ``exec``, so it has to be set in every c
 * :func:`children_die_with_this_process` registers an ``os.register_at_fork`` hook, which covers
   every child made by ``os.fork`` (multiprocessing's ``fork`` context: dist_checkpointing's
   writer processes, ``strategies/filesystem_async.py`` in megatron-core 0.16.1);
-* :func:`die_with_parent` is the ``preexec_fn`` for ``subprocess.Popen`` children (servers).
+* for ``subprocess.Popen`` children (rollout servers, ``rollout/sglang_launcher.py``) this
+  module is a command-line wrapper: ``python -m gspo_megatron.distributed.child_processes
+  --parent PID -- CMD ...`` sets the signal, checks that ``PID`` is still its parent, then
+  ``exec``-s ``CMD`` (same process, signal kept), like util-linux ``setpriv --pdeathsig KILL``,
+  which is not installed everywhere.
 
 Elsewhere than Linux these are no-ops. Slurm's cgroups end a job step's processes anyway; this
 covers a trainer killed alone.
@@ -16,11 +20,13 @@ covers a trainer killed alone.
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import ctypes.util
 import os
 import signal
 import sys
+from typing import Optional, Sequence
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -57,3 +63,22 @@ def children_die_with_this_process() -> None:
         return
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
     _hook_installed = True
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description="exec a command that dies with its parent")
+    parser.add_argument("--parent", type=int, required=True, help="the expected parent PID")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given")
+    die_with_parent()
+    if os.getppid() != args.parent:  # the parent died before prctl took effect
+        return 1
+    os.execvp(command[0], command)
+    return 1  # not reached: exec replaces this process
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -20,12 +20,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from gspo_megatron.checkpoint.convert import model_config_for_hf_dir
 from gspo_megatron.checkpoint.hf_io import HFCheckpointError, HFCheckpointReader
 from gspo_megatron.checkpoint.mapping import MappingError, expected_hf_shapes
 from gspo_megatron.config.validate import ConfigError
 from gspo_megatron.learner.checkpoint_files import CheckpointError, require_complete
 from gspo_megatron.learner.checkpointing import read_meta
-from gspo_megatron.model.provider import resolve_model_config
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def check_initial_weights(cfg, resuming: bool) -> None:
         return
     if resuming:
         return  # the run's own checkpoint holds the weights
-    model = resolve_model_config(cfg.model)
+    model = model_config_for_hf_dir(cfg.model.hf_path, cfg.model)  # the sizes of config.json
     try:
         reader = HFCheckpointReader(cfg.model.hf_path)
         reader.validate(expected_hf_shapes(model), str(Path(cfg.model.hf_path) / "config.json"))
