@@ -81,11 +81,14 @@ def load_config(
     *,
     validate: bool = True,
     world_size: Optional[int] = None,
+    check_fit: bool = True,
 ) -> GSPOConfig:
     """Return the merged, validated config as a typed OmegaConf object.
 
     ``world_size``, when given, is the number of learner processes actually launched and is
-    checked against the layout (``parallel.world_size`` is used otherwise).
+    checked against the layout (``parallel.world_size`` is used otherwise). With
+    ``plan.gpu_memory_gb`` set, the planner's estimate must fit it (``planner/fit_check.py``;
+    ``check_fit=False`` or ``plan.check_fit=false`` skips it).
     """
     cfg = OmegaConf.structured(GSPOConfig)
     OmegaConf.set_struct(cfg, True)
@@ -95,6 +98,11 @@ def load_config(
     cfg = apply_overrides(cfg, overrides)
     if validate:
         validate_config(cfg, world_size=world_size)
+        if check_fit:
+            # Imported here: the planner builds on config/, not the other way round.
+            from gspo_megatron.planner.fit_check import check_fit as check_memory_fit
+
+            check_memory_fit(cfg, world_size=world_size)
     return cfg  # type: ignore[return-value]
 
 

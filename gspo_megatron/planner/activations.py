@@ -112,6 +112,26 @@ def _mlp_saved(shape: ModelShape, layout: Layout, kernel: str) -> float:
     return norm + router + k * etp * (h + glu * f) / sp
 
 
+def _backward_transient(shape: ModelShape, layout: Layout, mb: MicroBatchShape,
+                        kernel: str) -> float:
+    """Elements per token a layer's backward allocates beyond what it frees: the incoming and
+    residual gradients plus the larger of attention's (local: the probabilities' gradient and
+    the softmax backward, both ``heads x L``) and the MLP's (the GLU's four ``f``-wide
+    gradients, per routed slot for experts)."""
+    h, d, t = shape.hidden_size, shape.head_dim, layout.tp
+    sp = t if layout.sp else 1
+    a, g = shape.num_attention_heads / t, shape.num_query_groups / t
+    if kernel == "local":
+        attention = 2 * a * mb.seq_len + 3 * a * d
+    else:
+        attention = 2 * (a + 2 * g) * d
+    if shape.is_moe:
+        mlp = shape.moe_router_topk * layout.etp * 4 * shape.moe_ffn_hidden_size / layout.etp / sp
+    else:
+        mlp = 4 * shape.ffn_hidden_size / t
+    return 2 * h / sp + max(attention, mlp)
+
+
 def layer_activations(shape: ModelShape, layout: Layout, mb: MicroBatchShape, kernel: str,
                       recompute: str, act_bytes: int) -> LayerActivations:
     """Bytes one transformer layer keeps per micro-batch, and its backward working set."""
@@ -119,12 +139,12 @@ def layer_activations(shape: ModelShape, layout: Layout, mb: MicroBatchShape, ke
     attn_mode = "selective" if recompute == "selective" else "none"
     per_token = _attention_saved(shape, layout, mb, kernel, attn_mode) + \
         _mlp_saved(shape, layout, kernel)
-    full_layer = per_token * tokens * act_bytes
-    if recompute == "full":
+    transient = _backward_transient(shape, layout, mb, kernel) * tokens * act_bytes
+    if recompute == "full":  # the layer is rebuilt, then backpropagated
         sp = layout.tp if layout.sp else 1
         return LayerActivations(saved_bytes=shape.hidden_size / sp * tokens * act_bytes,
-                                working_bytes=2 * full_layer)
-    return LayerActivations(saved_bytes=full_layer, working_bytes=full_layer)
+                                working_bytes=per_token * tokens * act_bytes + transient)
+    return LayerActivations(saved_bytes=per_token * tokens * act_bytes, working_bytes=transient)
 
 
 def rope_bytes(shape: ModelShape, mb: MicroBatchShape) -> float:

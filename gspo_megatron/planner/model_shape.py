@@ -122,9 +122,12 @@ class Layout:
         out = [f"parallel.tp={self.tp}", f"parallel.pp={self.pp}", f"parallel.ep={self.ep}",
                f"parallel.etp={self.etp}", f"parallel.cp={self.cp}",
                f"parallel.sp={str(self.sp).lower()}", f"parallel.world_size={self.world_size}"]
-        if self.first_stage_layers is not None:
+        if self.first_stage_layers is not None or self.last_stage_layers is not None:
             out += [f"parallel.num_layers_in_first_pipeline_stage={self.first_stage_layers}",
                     f"parallel.num_layers_in_last_pipeline_stage={self.last_stage_layers}"]
+        else:  # clear a split the config may set
+            out += ["parallel.num_layers_in_first_pipeline_stage=null",
+                    "parallel.num_layers_in_last_pipeline_stage=null"]
         return out
 
 
