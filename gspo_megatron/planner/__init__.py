@@ -10,8 +10,11 @@ and config loading can run the same estimate (``planner/fit_check.py``).
   the logits / log-prob pass, pipeline in-flight micro-batches.
 * ``learner_memory.py`` -- the per-GPU learner total, term by term, for the most loaded stage.
 * ``rollout_memory.py`` -- SGLang servers: weights per TP rank, KV cache, sequences that fit.
+* ``hardware.py`` -- GPU memory, peaks and links a plan is made for.
 * ``timing.py`` -- rough step, rollout and weight-sync times.
+* ``plan.py`` -- one config (or one layout of it) -> one :class:`Plan` with all of the above.
 * ``search.py`` -- enumerate layouts that fit N nodes and rank them.
+* ``report.py`` -- text / JSON rendering for ``gspo-plan``.
 * ``fit_check.py`` -- the config-load check (refuses a layout predicted not to fit).
 
 How the estimate was validated (Megatron's own formula, and peak memory measured on CPU):

@@ -32,7 +32,8 @@ def describe(plan: Plan, title: str) -> str:
     if est.peak_moment != "training":
         lines.append(f"    {'peak is at ' + est.peak_moment:<48s}{_gb(est.peak_bytes)}")
     if est.host_bytes:
-        lines.append(f"    {'optimizer state in host memory (per GPU)':<48s}{_gb(est.host_bytes)}")
+        lines.append(f"    {'optimizer state in host memory (per GPU)':<48s}{_gb(est.host_bytes)}"
+                     f"   ({est.host_bytes * hw.gpus_per_node / GB:.0f} GB per node)")
     lines.append(f"    {'usable (GPU memory - reserved)':<48s}{_gb(hw.usable_bytes)}   "
                  f"{'fits' if plan.learner_fits else 'DOES NOT FIT'}, margin "
                  f"{plan.learner_margin_bytes / GB:.1f} GB")
@@ -56,11 +57,13 @@ def ranking(plans: List[Plan], num_nodes: int) -> str:
     for i, p in enumerate(plans, 1):
         nodes = p.layout.world_size // g
         verdict = "fits" if p.fits else "DOES NOT FIT"
+        host = (f" (+{p.learner.host_bytes * g / GB:.0f} GB host memory per node)"
+                if p.learner.host_bytes else "")
         lines.append(
             f"  {i}. {verdict}: learner {nodes} node(s) {layout_name(p)}, recompute="
             f"{p.recompute}, {p.max_tokens_per_micro_batch} tokens/micro-batch; peak "
-            f"{p.learner.peak_bytes / GB:.1f} GB; rollout {p.num_servers} x TP{p.server_tp}; "
-            f"step ~{p.step_s:.0f} s")
+            f"{p.learner.peak_bytes / GB:.1f} GB{host}; rollout {p.num_servers} x "
+            f"TP{p.server_tp}; step ~{p.step_s:.0f} s")
         lines.append(f"     {' '.join(p.overrides())}")
     return "\n".join(lines)
 

@@ -6,8 +6,9 @@ to a node) with the highest estimated throughput whose KV cache holds a sequence
 layout Megatron-Core accepts for the model (TP within a node dividing the attention and KV heads,
 PP with an even or the suggested uneven split, EP dividing the experts, ETP 1 or TP, CP 1 or 2,
 SP with TP) gets the least recomputation, then the largest micro-batch budget (twice, equal to or
-half the configured one), that fits. Fitting plans come first, ordered by estimated RL-step time;
-ties prefer less recomputation, smaller model-parallel groups, then memory margin.
+half the configured one), that fits. Fitting plans come first, those with at least 10% of the
+usable memory to spare before tighter ones, each ordered by estimated RL-step time; ties prefer
+less recomputation, smaller model-parallel groups, then memory margin.
 
 The optimizer options (precision-aware optimizer, CPU offload) stay as configured unless
 ``search_optimizer`` asks to try them too. Pure Python; the 30B config on 8 nodes takes well
@@ -29,6 +30,9 @@ from gspo_megatron.planner.precision import Precision
 from gspo_megatron.planner.rollout_memory import RolloutEstimate, estimate_rollout
 
 RECOMPUTE_ORDER = ("none", "selective", "full")
+COMFORT_MARGIN = 0.1
+"""Plans leaving less than this share of usable memory free rank after roomier ones: routing
+imbalance and allocator fragmentation are not in the estimate."""
 
 
 @dataclass(frozen=True)
@@ -153,5 +157,6 @@ def _least_recompute_that_fits(cfg, hw, shape, layout, precision, budgets):
 
 def _key(plan: Plan):
     lay = plan.layout
-    return (not plan.fits, round(plan.step_s, 1), RECOMPUTE_ORDER.index(plan.recompute),
+    tight = plan.learner_margin_bytes < COMFORT_MARGIN * plan.hardware.usable_bytes
+    return (not plan.fits, tight, round(plan.step_s, 1), RECOMPUTE_ORDER.index(plan.recompute),
             lay.tp * lay.pp * lay.cp, -plan.learner_margin_bytes)
