@@ -77,7 +77,7 @@ def test_missing_file_and_cycle_are_reported(tmp_path):
     (["model.fp8.enabled=true", "model.transformer_impl=local"], "FP8 needs"),
     (["rollout.temperature=0"], "rollout.temperature: must be > 0"),
     (["parallel.cp=2", "data.max_prompt_tokens=513", "batch.max_tokens_per_micro_batch=578"],
-     "577 tokens padded to a multiple of 2\\*cp = 4 \\(580 tokens\\) for parallel.cp=2"),
+     "577 tokens, padded to a multiple of 4 for tp=1 sp=False cp=2 fp8=off \\(580 tokens"),
     (["parallel.cp=3"], "world size 8 is not divisible by tp\\*pp\\*cp = 1\\*1\\*3"),
     (["model.fp8.enabled=true", "model.fp8.recipe=delayed"], "'delayed' recipe cannot keep"),
     (["rollout.weight_sync.transport=nccl"], "'nccl' needs server engines"),

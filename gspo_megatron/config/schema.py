@@ -201,11 +201,16 @@ class SGLangConfig:
     server_addresses: List[str] = field(default_factory=list)
     """``host:port`` of running servers; empty means launch ``num_servers`` of them."""
     num_servers: int = 1
+    """Servers of the fleet; with ``launch.num_nodes`` set they must fill the rollout nodes."""
     port: int = 30000
     """First port; server i listens on ``port + i`` on its node."""
     tp: int = 1
+    """GPUs of a server's tensor-parallel group; the one source of the servers' ``--tp-size`` and
+    of the weight-update group's size."""
     dp: int = 1
+    """Data-parallel replicas inside one server (``tp * dp`` GPUs per server)."""
     ep: int = 1
+    """Expert parallelism inside a server's TP group (must divide ``tp``)."""
     mem_fraction_static: float = 0.7
     request_timeout_s: float = 600.0
     max_retries: int = 3
@@ -227,8 +232,8 @@ class WeightSyncConfig:
     disk_dir: Optional[str] = None
     """Shared directory for the ``disk`` transport."""
     master_address: Optional[str] = None
-    """Rendezvous host of the broadcast group (learner rank 0); None: $GSPO_WEIGHT_SYNC_ADDR or
-    this host's address."""
+    """Rendezvous host of the broadcast group (learner rank 0); None: rank 0's own address on the
+    route to the first rollout server (distributed/host_address.py)."""
     master_port: Optional[int] = None
     """Rendezvous port of the broadcast group; None picks a free one."""
 
@@ -336,6 +341,24 @@ class TrainerConfig:
 
 
 @dataclass
+class LaunchConfig:
+    """The allocation the Slurm scripts launch a run on (slurm/gspo_30b.sh, slurm/tiny_cpu.sh).
+
+    Read by the launch plan (``gspo_megatron/launch``) and by validation, which refuses a rollout
+    fleet or learner world whose devices do not add up to it. The scripts set ``num_nodes`` from
+    the job; a run started without them leaves it None and nothing here is checked.
+    """
+
+    num_nodes: Optional[int] = None
+    """Nodes of the job; None: not launched through slurm/ (no allocation check)."""
+    devices_per_node: int = 8
+    """GPUs per node, one learner rank each (CPU profile: learner processes per node)."""
+    num_learner_nodes: Optional[int] = None
+    """``rollout.mode=disaggregated``: the first N nodes learn, the rest serve. Colocated: every
+    node does both (leave None or set it to ``num_nodes``)."""
+
+
+@dataclass
 class PlanConfig:
     """What the memory planner assumes about the GPUs (``gspo-plan``, and the fit check that
     config loading runs; ``docs/planner.md``)."""
@@ -348,8 +371,6 @@ class PlanConfig:
     """Per GPU, memory held outside tensors: CUDA context, NCCL buffers, fragmentation."""
     check_fit: bool = True
     """false skips the fit check at config load (the explicit override: plan.check_fit=false)."""
-    gpus_per_node: int = 8
-    """GPUs per node: how gspo-plan's --nodes turn into learner and rollout GPUs."""
     mfu: float = 0.3
     """Model FLOP utilisation assumed for the learner's time estimate."""
 
@@ -369,4 +390,5 @@ class GSPOConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+from gspo_megatron.config.allocation import allocation_problems, fleet_problems
+from gspo_megatron.config.sequence_padding import FP8_RECIPES, pad_multiple_for, round_up
+
 CHOICES = {
     "model.arch": ("qwen3", "qwen3_moe"),
     "model.transformer_impl": ("auto", "transformer_engine", "local"),
@@ -19,7 +22,7 @@ CHOICES = {
     "model.moe_token_dispatcher": ("allgather", "alltoall"),
     "model.moe_router_dtype": ("fp32", "fp64", "none"),
     "model.fp8.format": ("hybrid", "e4m3"),
-    "model.fp8.recipe": ("delayed", "tensorwise", "mxfp8", "blockwise"),
+    "model.fp8.recipe": FP8_RECIPES,
     "optimizer.lr_decay_style": ("constant", "linear", "cosine"),
     "optimizer.moments_dtype": ("fp32", "bf16"),
     "algo.loss": ("gspo", "gspo_token", "grpo"),
@@ -50,8 +53,9 @@ CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 
 
 def _check_context_parallel(cfg, check) -> None:
-    """Context parallelism splits every sequence into ``2 * cp`` chunks (load balancing)."""
-    m, p, b = cfg.model, cfg.parallel, cfg.batch
+    """Context parallelism: the communication type TE is asked for, and what it needs of the heads
+    (the padding to ``2 * cp`` chunks is :func:`_check_sequence_padding`)."""
+    m, p = cfg.model, cfg.parallel
     if p.cp == 1:
         return
     comm = p.cp_comm_type  # None: TE's default, p2p
@@ -61,13 +65,43 @@ def _check_context_parallel(cfg, check) -> None:
         check(m.num_attention_heads % (p.tp * p.cp) == 0, "parallel.cp_comm_type",
               f"'{comm}' scatters attention heads over CP: tp*cp = {p.tp}*{p.cp} must divide "
               f"model.num_attention_heads={m.num_attention_heads}")
-    multiple = 2 * p.cp * (p.tp if p.sp else 1)
+
+
+def _check_sequence_padding(cfg, check) -> None:
+    """The longest sequence, padded as the learner pads it (TP/SP, CP, FP8), fits a micro-batch."""
+    p = cfg.parallel
+    multiple = pad_multiple_for(p, cfg.model)
     longest = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
-    padded = -(-longest // multiple) * multiple
-    check(b.max_tokens_per_micro_batch >= padded, "batch.max_tokens_per_micro_batch",
-          f"{b.max_tokens_per_micro_batch} cannot hold one sequence of {longest} tokens padded "
-          f"to a multiple of 2*cp{'*tp' if p.sp else ''} = {multiple} ({padded} tokens) for "
-          f"parallel.cp={p.cp}")
+    padded = round_up(longest, multiple)
+    why = "" if multiple == 1 else (
+        f", padded to a multiple of {multiple} for tp={p.tp} sp={p.sp} cp={p.cp} "
+        f"fp8={cfg.model.fp8.recipe if cfg.model.fp8.enabled else 'off'} ({padded} tokens; "
+        "config/sequence_padding.py)")
+    check(cfg.batch.max_tokens_per_micro_batch >= padded, "batch.max_tokens_per_micro_batch",
+          f"{cfg.batch.max_tokens_per_micro_batch} cannot hold one sequence of up to "
+          f"data.max_prompt_tokens + rollout.max_new_tokens = {longest} tokens{why}")
+
+
+def _check_fp8(cfg, check) -> None:
+    """FP8 runs only in Transformer Engine's layer spec, named explicitly: ``auto`` builds the
+    local spec on a machine without a GPU, and the FP8 padding of packed micro-batches
+    (config/sequence_padding.py) is TE's rule."""
+    fp8 = cfg.model.fp8
+    if not fp8.enabled:
+        return
+    check(cfg.model.transformer_impl == "transformer_engine", "model.fp8.enabled",
+          f"FP8 needs model.transformer_impl=transformer_engine (Transformer Engine's layer spec, "
+          f"GPU), got '{cfg.model.transformer_impl}'")
+    check(fp8.recipe != "delayed" or (fp8.num_layers_at_start_in_bf16 == 0
+                                      and fp8.num_layers_at_end_in_bf16 == 0),
+          "model.fp8.recipe", "the 'delayed' recipe cannot keep first/last layers in BF16 "
+          "(Megatron refuses it); set num_layers_at_start/end_in_bf16=0 or use 'tensorwise'")
+
+
+def _check_fleet_and_allocation(cfg, check) -> None:
+    """Rollout servers SGLang and the update group accept, filling the job's nodes exactly."""
+    for key, message in fleet_problems(cfg.rollout) + allocation_problems(cfg):
+        check(False, key, message)
 
 
 def _check_pipeline_split(cfg, check) -> None:
@@ -188,9 +222,6 @@ def validate_config(cfg, world_size: Optional[int] = None) -> None:
           f"{b.num_mini_batches} must divide the rollout batch of "
           f"{b.num_prompts_per_step}*{r.n_samples_per_prompt} = {num_samples} sequences")
     longest = cfg.data.max_prompt_tokens + r.max_new_tokens
-    check(b.max_tokens_per_micro_batch >= longest, "batch.max_tokens_per_micro_batch",
-          f"{b.max_tokens_per_micro_batch} cannot hold one sequence of up to "
-          f"data.max_prompt_tokens + rollout.max_new_tokens = {longest} tokens")
     check(longest <= m.max_position_embeddings, "rollout.max_new_tokens",
           f"prompt+response of {longest} tokens exceeds model.max_position_embeddings="
           f"{m.max_position_embeddings}")
@@ -216,16 +247,11 @@ def validate_config(cfg, world_size: Optional[int] = None) -> None:
           "engine takes 'tensor' or 'disk'")
 
     _check_context_parallel(cfg, check)
+    _check_sequence_padding(cfg, check)
     _check_optimizer_memory_options(cfg, check)
 
-    # Precision.
-    if m.fp8.enabled:
-        check(m.transformer_impl in ("auto", "transformer_engine"), "model.fp8.enabled",
-              "FP8 needs model.transformer_impl=transformer_engine (GPU)")
-        check(m.fp8.recipe != "delayed" or (m.fp8.num_layers_at_start_in_bf16 == 0
-                                            and m.fp8.num_layers_at_end_in_bf16 == 0),
-              "model.fp8.recipe", "the 'delayed' recipe cannot keep first/last layers in BF16 "
-              "(Megatron refuses it); set num_layers_at_start/end_in_bf16=0 or use 'tensorwise'")
+    _check_fp8(cfg, check)
+    _check_fleet_and_allocation(cfg, check)
     check(cfg.optimizer.lr > 0, "optimizer.lr", "must be > 0")
     check(cfg.optimizer.max_consecutive_nonfinite >= 1, "optimizer.max_consecutive_nonfinite",
           "must be >= 1")

@@ -184,6 +184,21 @@ def build_transformer_config(model: ModelConfig, parallel: ParallelConfig,
     return TransformerConfig(**transformer_config_kwargs(model, parallel, on_gpu))
 
 
+def allow_moe_without_transformer_engine() -> None:
+    """Let Megatron's MoE router run where Transformer Engine does not import (GPU or CPU).
+
+    megatron-core 0.16.1 ``transformer/moe/moe_utils.py`` imports ``te_general_gemm`` inside its
+    TE ``try`` block and leaves the name undefined without TE; ``RouterGatingLinearFunction``
+    then tests ``te_general_gemm is not None`` and every MoE forward raises NameError. ``None``
+    is the value that selects its plain ``torch.mm`` branch. (The CPU compatibility layer does
+    the same on CPU; this covers a GPU without TE, e.g. tools/gpu_check.py on a bare image.)
+    """
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
 def build_layer_spec(model: ModelConfig, config, vp_stage: Optional[int] = None):
     """Transformer Engine spec on GPU, local spec with SP-capable norms elsewhere."""
     from megatron.core.models.gpt import gpt_layer_specs
@@ -193,6 +208,8 @@ def build_layer_spec(model: ModelConfig, config, vp_stage: Optional[int] = None)
     )
 
     num_experts = model.num_experts or None
+    if num_experts:
+        allow_moe_without_transformer_engine()
     if resolve_transformer_impl(model) == "transformer_engine":
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
             num_experts=num_experts, moe_grouped_gemm=model.moe_grouped_gemm,

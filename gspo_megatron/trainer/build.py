@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shutil
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -192,11 +190,6 @@ def before_after_table(history: List[Dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def _weight_sync_address(sync_cfg) -> str:
-    return (sync_cfg.master_address or os.environ.get("GSPO_WEIGHT_SYNC_ADDR")
-            or socket.gethostbyname(socket.gethostname()))
-
-
 def build_parts(cfg, runtime) -> TrainerParts:
     """Construct every part of a run for this process (collective: call on every rank)."""
     from transformers import AutoTokenizer
@@ -227,11 +220,13 @@ def build_parts(cfg, runtime) -> TrainerParts:
 
         parts.engine = build_engine(cfg.rollout, model_path=cfg.model.hf_path,
                                     log_dir=str(run_dir / "logs"))
+        from gspo_megatron.distributed.host_address import update_group_address
         from gspo_megatron.distributed.runtime import free_port
 
         build_transport(cfg.rollout.weight_sync, parts.engine, mode=cfg.rollout.mode,
                         server_tp_size=cfg.rollout.sglang.tp,
-                        master_address=_weight_sync_address(cfg.rollout.weight_sync),
+                        master_address=update_group_address(cfg.rollout.weight_sync.master_address,
+                                                            cfg.rollout.sglang.server_addresses),
                         master_port=cfg.rollout.weight_sync.master_port or free_port(),
                         config_dir=cfg.model.hf_path)
         parts.reward_runner = RolloutScorer(RewardRunner.from_config(cfg.reward), tokenizer)
