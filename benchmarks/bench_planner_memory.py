@@ -54,6 +54,7 @@ RECOMPUTE = {"dense_small/tp2sp": "selective", "moe_medium/pp2_uneven": "full"}
 
 
 def case_config(case: str) -> GSPOConfig:
+    """The learner config of a ``model/layout`` case."""
     model, layout = case.split("/")
     cfg = GSPOConfig()
     cfg.model = ModelConfig(**MODELS[model], **_LOCAL, recompute=RECOMPUTE.get(case, "none"))
@@ -64,6 +65,7 @@ def case_config(case: str) -> GSPOConfig:
 
 
 def world_size(cfg: GSPOConfig) -> int:
+    """Processes the case runs on (the smallest world its layout needs)."""
     p = cfg.parallel
     return max(p.tp * p.pp * p.cp, p.ep * p.etp * p.pp)
 
@@ -169,6 +171,7 @@ def compare(case: str) -> dict:
 
 
 def main(argv=None) -> int:
+    """Run the cases (or, with ``--worker``, one rank of one case)."""
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--worker":
         _worker(sys.argv[2], sys.argv[3])
         return 0

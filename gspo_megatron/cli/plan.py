@@ -22,13 +22,14 @@ EXIT_CONFIG = 2
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="gspo-plan", description=__doc__.splitlines()[0])
     parser.add_argument("config", help="YAML file in configs/")
     parser.add_argument("overrides", nargs="*", help="dot-list overrides, e.g. model.recompute=full")
     parser.add_argument("--nodes", type=int, nargs="*", default=[],
                         help="node counts to rank layouts for (learner + rollout nodes)")
     parser.add_argument("--gpus-per-node", type=int, default=None,
-                        help="default: plan.gpus_per_node (8)")
+                        help="default: launch.devices_per_node (8)")
     parser.add_argument("--gpu-memory", default=None,
                         help="memory per GPU, e.g. 80GB or 141GB (default: plan.gpu_memory_gb, "
                              "else 80GB)")
@@ -41,6 +42,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """Print the plan(s); returns the exit code."""
     args = parse_args(argv)
     from gspo_megatron.config import ConfigError, load_config
     from gspo_megatron.planner.hardware import parse_memory

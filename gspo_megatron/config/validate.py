@@ -112,12 +112,12 @@ def _check_pipeline_split(cfg, check) -> None:
     m, p = cfg.model, cfg.parallel
     first, last = p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage
     uneven = first is not None or last is not None
-    if p.vpp is not None:
+    if p.vpp is not None:  # interleaved: even stages only (uneven + VPP is not tested here)
         check(p.pp > 1, "parallel.vpp", "virtual pipeline stages need parallel.pp > 1")
-        check(p.vpp >= 1 and not uneven, "parallel.vpp",
+        check(not uneven, "parallel.vpp",
               "virtual pipeline stages with uneven first/last stages are not supported here; "
               "unset parallel.num_layers_in_first/last_pipeline_stage or parallel.vpp")
-        check(p.vpp < 1 or uneven or m.num_layers % (p.pp * p.vpp) == 0, "parallel.vpp",
+        check(p.vpp >= 1 and m.num_layers % (p.pp * p.vpp) == 0, "parallel.vpp",
               f"pp*vpp={p.pp}*{p.vpp} must divide model.num_layers={m.num_layers}")
         return
     try:

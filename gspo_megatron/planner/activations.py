@@ -58,6 +58,8 @@ class MicroBatchShape:
 
 @dataclass(frozen=True)
 class LayerActivations:
+    """Activation bytes of one transformer layer for one micro-batch."""
+
     saved_bytes: float
     """Kept from the forward until this layer's backward, per micro-batch in flight."""
     working_bytes: float

@@ -17,6 +17,8 @@ GB = 10 ** 9
 
 @dataclass(frozen=True)
 class Hardware:
+    """One GPU type and node: memory, peaks, links."""
+
     gpu_memory_bytes: float = 80 * GB
     """Usable device memory as the vendor counts it (an "80 GB" H100 holds 80e9 bytes)."""
     gpus_per_node: int = 8
@@ -29,6 +31,7 @@ class Hardware:
 
     @property
     def usable_bytes(self) -> float:
+        """What tensors may use: GPU memory minus the reserve."""
         return self.gpu_memory_bytes - self.reserved_bytes
 
 

@@ -44,6 +44,8 @@ class Workload:
 
 @dataclass(frozen=True)
 class Term:
+    """One named memory term, in bytes."""
+
     name: str
     bytes: float
 
@@ -62,9 +64,11 @@ class LearnerEstimate:
 
     @property
     def training_bytes(self) -> float:
+        """Sum of the training moment's terms."""
         return sum(t.bytes for t in self.terms)
 
     def biggest(self, n: int = 3) -> List[Term]:
+        """The ``n`` largest terms (for error messages)."""
         return sorted(self.terms, key=lambda t: -t.bytes)[:n]
 
 

@@ -44,6 +44,7 @@ class ModelShape:
 
     @classmethod
     def from_model_config(cls, m) -> "ModelShape":
+        """From a ModelConfig (dataclass or OmegaConf node); dense models get 0 experts."""
         return cls(num_layers=m.num_layers, hidden_size=m.hidden_size,
                    ffn_hidden_size=m.ffn_hidden_size, num_attention_heads=m.num_attention_heads,
                    num_query_groups=m.num_query_groups, head_dim=m.head_dim,
@@ -54,6 +55,7 @@ class ModelShape:
 
     @property
     def is_moe(self) -> bool:
+        """Routed experts in every layer (Qwen3-MoE)."""
         return self.num_experts > 0
 
     def padded_vocab(self, tp: int) -> int:
@@ -93,6 +95,7 @@ class Layout:
 
     @classmethod
     def from_parallel_config(cls, p, world_size: int) -> "Layout":
+        """From a ParallelConfig and the learner world size."""
         return cls(tp=p.tp, pp=p.pp, ep=p.ep, etp=p.etp, cp=p.cp, sp=p.sp, vpp=p.vpp,
                    world_size=world_size,
                    first_stage_layers=p.num_layers_in_first_pipeline_stage,
@@ -114,6 +117,7 @@ class Layout:
         return self.world_size // (self.pp * self.ep * self.etp)
 
     def stage_layers(self, num_layers: int) -> List[int]:
+        """Layers per pipeline stage (``config/pipeline_split.py``)."""
         return stage_layer_counts(num_layers, self.pp, self.first_stage_layers,
                                   self.last_stage_layers)
 
@@ -146,10 +150,12 @@ class ParamCounts:
 
     @property
     def total(self) -> int:
+        """Dense + expert parameters on this rank."""
         return self.dense + self.expert
 
     @classmethod
     def for_stage(cls, shape: ModelShape, layout: Layout, stage: int) -> "ParamCounts":
+        """Parameters one rank of pipeline stage ``stage`` holds."""
         h, d, tp = shape.hidden_size, shape.head_dim, layout.tp
         layers = layout.stage_layers(shape.num_layers)[stage]
         qkv = h * (shape.num_attention_heads + 2 * shape.num_query_groups) * d // tp

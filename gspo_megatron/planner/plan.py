@@ -22,12 +22,14 @@ from gspo_megatron.planner.precision import Precision
 from gspo_megatron.planner.rollout_memory import RolloutEstimate, estimate_rollout
 from gspo_megatron.planner.timing import StepTimes, estimate_times
 
-DEFAULT_MEAN_RESPONSE_FRACTION = 0.5
+MEAN_RESPONSE_FRACTION = 0.5
 """Mean response length as a share of rollout.max_new_tokens, for the time estimates only."""
 
 
 @dataclass
 class Plan:
+    """Learner and rollout estimates of one layout on one kind of hardware."""
+
     layout: Layout
     recompute: str
     max_tokens_per_micro_batch: int
@@ -43,23 +45,32 @@ class Plan:
 
     @property
     def learner_fits(self) -> bool:
+        """The learner peak fits the usable memory."""
         return self.learner.peak_bytes <= self.hardware.usable_bytes
 
     @property
     def fits(self) -> bool:
+        """Learner fits and a server holds at least one sequence."""
         return self.learner_fits and self.rollout.fits
 
     @property
     def learner_margin_bytes(self) -> float:
+        """Usable memory left at the learner peak (negative: does not fit)."""
         return self.hardware.usable_bytes - self.learner.peak_bytes
 
     @property
     def step_s(self) -> float:
+        """Rough RL-step time: learner + rollout + weight-sync floor (not overlapped)."""
         t = self.times
         return t.learner_s + t.rollout_s + t.weight_sync_floor_s
 
     def overrides(self) -> List[str]:
-        return self.layout.overrides() + [
+        """Config overrides selecting this plan (``launch.num_learner_nodes`` for the Slurm
+        scripts' allocation check when the learners fill whole nodes)."""
+        g = self.hardware.gpus_per_node
+        nodes = ([f"launch.num_learner_nodes={self.layout.world_size // g}"]
+                 if self.layout.world_size % g == 0 else [])
+        return self.layout.overrides() + nodes + [
             f"model.recompute={self.recompute}",
             f"batch.max_tokens_per_micro_batch={self.max_tokens_per_micro_batch}",
             f"rollout.sglang.num_servers={self.num_servers}",
@@ -89,10 +100,12 @@ def model_shape(cfg) -> ModelShape:
 
 def hardware_from_config(cfg, gpu_memory_bytes: Optional[float] = None,
                          gpus_per_node: Optional[int] = None) -> Hardware:
+    """``plan.*`` and ``launch.devices_per_node``, unless given (gspo-plan's flags)."""
     p = cfg.plan
     memory = gpu_memory_bytes if gpu_memory_bytes is not None else \
         (p.gpu_memory_gb or 80.0) * GB
-    return Hardware(gpu_memory_bytes=memory, gpus_per_node=gpus_per_node or p.gpus_per_node,
+    return Hardware(gpu_memory_bytes=memory,
+                    gpus_per_node=gpus_per_node or cfg.launch.devices_per_node,
                     reserved_bytes=p.reserved_gb * GB)
 
 
@@ -126,7 +139,6 @@ def plan_layout(cfg, hw: Hardware, layout: Layout, *, recompute: Optional[str] =
                 max_tokens: Optional[int] = None, num_servers: Optional[int] = None,
                 server_tp: Optional[int] = None, precision: Optional[Precision] = None,
                 extra_overrides: Optional[List[str]] = None, shape: Optional[ModelShape] = None,
-                mean_response_fraction: float = DEFAULT_MEAN_RESPONSE_FRACTION,
                 learner: Optional[LearnerEstimate] = None,
                 rollout: Optional[RolloutEstimate] = None) -> Plan:
     """A plan for ``layout``; every other choice defaults to the config's. ``learner`` /
@@ -143,13 +155,13 @@ def plan_layout(cfg, hw: Hardware, layout: Layout, *, recompute: Optional[str] =
     seq_len = work.micro_batch.seq_len
     rollout = rollout or estimate_rollout(shape, server_tp, sg.mem_fraction_static, seq_len, hw)
     num_seqs = cfg.batch.num_prompts_per_step * cfg.rollout.n_samples_per_prompt
-    generated = num_seqs * cfg.rollout.max_new_tokens * mean_response_fraction
+    generated = num_seqs * cfg.rollout.max_new_tokens * MEAN_RESPONSE_FRACTION
     trained = num_seqs * cfg.data.max_prompt_tokens + generated
     times = estimate_times(shape, hw=hw, learner_gpus=layout.world_size, mfu=cfg.plan.mfu,
                            recompute=recompute, tokens_per_step=trained,
                            generated_per_step=generated, seq_len=seq_len,
                            logprob_pass=cfg.algo.old_logprob_source == "learner",
-                           num_servers=num_servers, server_tp=server_tp, rollout=rollout,
+                           num_servers=num_servers, rollout=rollout,
                            max_concurrency=sg.max_concurrency_per_server)
     if layout.pp > 1:  # 1F1B bubble: (pp - 1) idle slots per num_micro_batches
         m = work.num_micro_batches

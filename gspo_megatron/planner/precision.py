@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Precision:
+    """Bytes per parameter / activation element of one run's precision and optimizer."""
+
     param_bytes: int = 2
     grad_bytes: int = 4
     main_param_bytes: int = 4

@@ -13,6 +13,7 @@ def _gb(x: float) -> str:
 
 
 def layout_name(plan: Plan) -> str:
+    """``TP2+SP PP1 EP8 ETP1 CP1 DP8 on 16 GPUs``."""
     lay = plan.layout
     split = ""
     if lay.first_stage_layers is not None:
@@ -69,6 +70,7 @@ def ranking(plans: List[Plan], num_nodes: int) -> str:
 
 
 def as_dict(plan: Plan) -> dict:
+    """The plan for ``--json``, sizes in GB."""
     return {"fits": plan.fits, "layout": layout_name(plan), "overrides": plan.overrides(),
             "learner": {"stage": plan.learner.stage, "peak_gb": plan.learner.peak_bytes / GB,
                         "peak_moment": plan.learner.peak_moment,

@@ -22,6 +22,8 @@ from gspo_megatron.planner.model_shape import ModelShape
 
 @dataclass(frozen=True)
 class RolloutEstimate:
+    """Memory of one SGLang server GPU."""
+
     weights_bytes: float
     """Per GPU."""
     kv_cache_bytes: float
@@ -36,10 +38,12 @@ class RolloutEstimate:
 
     @property
     def fits(self) -> bool:
+        """At least one sequence fits the KV pool."""
         return self.max_sequences >= 1
 
 
 def kv_bytes_per_token(shape: ModelShape, tp: int, kv_dtype_bytes: int = 2) -> float:
+    """KV-cache bytes of one token on one GPU of a TP-``tp`` server."""
     kv_heads = max(1, shape.num_query_groups // tp)
     return shape.num_layers * kv_heads * 2 * shape.head_dim * kv_dtype_bytes
 
@@ -54,6 +58,7 @@ def rollout_server_weights(shape: ModelShape, tp: int) -> float:
 
 def estimate_rollout(shape: ModelShape, tp: int, mem_fraction_static: float, seq_len: int,
                      hw: Hardware) -> RolloutEstimate:
+    """Weights, KV pool and sequences of ``seq_len`` tokens for a TP-``tp`` server."""
     weights = rollout_server_weights(shape, tp)
     before_load = hw.gpu_memory_bytes - hw.reserved_bytes
     kv = mem_fraction_static * before_load - weights

@@ -37,6 +37,8 @@ imbalance and allocator fragmentation are not in the estimate."""
 
 @dataclass(frozen=True)
 class OptimizerVariant:
+    """An optimizer choice to try: its overrides and what it costs per parameter."""
+
     name: str
     overrides: Tuple[str, ...]
     precision: Precision
@@ -102,9 +104,10 @@ def best_rollout(cfg, hw: Hardware, shape: ModelShape,
     """(server TP, servers, estimate) of the fastest fleet on ``num_nodes`` rollout nodes."""
     seq_len = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
     best, best_rate = None, -1.0
+    dp = cfg.rollout.sglang.dp  # a server uses tp * dp devices of one node
     for tp in sorted({cfg.rollout.sglang.tp, 1, 2, 4, 8}):
-        servers = num_nodes * hw.gpus_per_node // tp
-        if tp > hw.gpus_per_node or servers < 1:
+        servers = num_nodes * (hw.gpus_per_node // (tp * dp))
+        if servers < 1:
             continue
         est = estimate_rollout(shape, tp, cfg.rollout.sglang.mem_fraction_static, seq_len, hw)
         if not est.fits:

@@ -28,6 +28,8 @@ DECODE_BANDWIDTH_EFFICIENCY = 0.6
 
 @dataclass(frozen=True)
 class StepTimes:
+    """Rough seconds of one RL step's phases."""
+
     learner_s: float
     rollout_s: float
     weight_sync_floor_s: float
@@ -36,6 +38,7 @@ class StepTimes:
 
 
 def learner_flops_per_token(shape: ModelShape, seq_len: int, recompute: str) -> float:
+    """Training FLOPs per token (forward + backward, + forward again under full recompute)."""
     attention = 12 * shape.num_layers * shape.num_attention_heads * shape.head_dim * seq_len / 2
     flops = 6 * shape.active_params() + attention
     return flops * (4 / 3 if recompute == "full" else 1.0)
@@ -43,7 +46,7 @@ def learner_flops_per_token(shape: ModelShape, seq_len: int, recompute: str) -> 
 
 def estimate_times(shape: ModelShape, *, hw: Hardware, learner_gpus: int, mfu: float,
                    recompute: str, tokens_per_step: float, generated_per_step: float,
-                   seq_len: int, logprob_pass: bool, num_servers: int, server_tp: int,
+                   seq_len: int, logprob_pass: bool, num_servers: int,
                    rollout: RolloutEstimate, max_concurrency: int) -> StepTimes:
     """``tokens_per_step``: prompt + response tokens trained on per RL step;
     ``generated_per_step``: response tokens generated."""
