@@ -65,7 +65,7 @@ def test_missing_file_and_cycle_are_reported(tmp_path):
     (["parallel.ep=3", "model.num_experts=8"], "ep=3 must divide model.num_experts=8"),
     (["parallel.tp=2"], "MoE with tp=2 requires sequence parallelism"),
     (["parallel.sp=true"], "sequence parallelism needs parallel.tp > 1"),
-    (["parallel.pp=4", "model.num_layers=6"], "pp=4 must divide model.num_layers=6"),
+    (["parallel.pp=4", "model.num_layers=6"], "parallel.pp: pp=4 does not divide num_layers=6"),
     (["parallel.tp=2", "parallel.sp=true", "model.num_query_groups=1", "model.num_attention_heads=4"],
      "tp=2 must divide model.num_query_groups=1"),
     (["batch.max_tokens_per_micro_batch=100", "data.max_prompt_tokens=90"],

@@ -69,3 +69,34 @@ def test_constant_learning_rate_stage_gives_the_schedule_back_untouched():
     sched.step(3)
     ref_sched.step(3)
     assert opt.param_groups[0]["lr"] == pytest.approx(ref_opt.param_groups[0]["lr"])
+
+
+def test_memory_options_map_onto_megatrons_optimizer_config():
+    from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
+
+    from gspo_megatron.config.schema import OptimizerConfig
+    from gspo_megatron.learner.optimizer import optimizer_config_kwargs
+
+    plain = optimizer_config_kwargs(OptimizerConfig(), torch.bfloat16)
+    assert "use_precision_aware_optimizer" not in plain and "optimizer_cpu_offload" not in plain
+    aware = optimizer_config_kwargs(OptimizerConfig(precision_aware=True, moments_dtype="bf16"),
+                                    torch.bfloat16)
+    assert aware["use_precision_aware_optimizer"] is True
+    assert aware["exp_avg_dtype"] == aware["exp_avg_sq_dtype"] == torch.bfloat16
+    offload = optimizer_config_kwargs(OptimizerConfig(cpu_offload=True, offload_fraction=0.5),
+                                      torch.bfloat16)
+    # Megatron 0.16.1 builds this config without Transformer Engine (the precision-aware one
+    # asks TE for its version in __post_init__, so it is checked as keyword arguments above).
+    mcfg = MegatronOptimizerConfig(**offload)
+    assert mcfg.optimizer_cpu_offload and mcfg.optimizer_offload_fraction == 0.5
+    assert mcfg.overlap_cpu_optimizer_d2h_h2d and mcfg.use_distributed_optimizer
+    assert mcfg.exp_avg_dtype == torch.float32
+
+
+def test_memory_options_refuse_to_run_without_gpus():
+    from gspo_megatron.config import ConfigError
+    from gspo_megatron.config.schema import OptimizerConfig
+    from gspo_megatron.learner.optimizer import build_optimizer
+
+    with pytest.raises(ConfigError, match="optimizer.cpu_offload: needs GPUs"):
+        build_optimizer(OptimizerConfig(cpu_offload=True), [], torch.float32)

@@ -89,13 +89,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     _setup_logging(rank)
     log = logging.getLogger("gspo-train")
 
-    from gspo_megatron.config import ConfigError, load_config
+    from gspo_megatron.config import ConfigError
+    from gspo_megatron.planner.fit_check import load_fitting_config
 
     overrides = list(args.overrides) + (["checkpoint.resume=always"] if args.resume else [])
     try:
         from gspo_megatron.distributed.runtime import detect_launch_env
 
-        cfg = load_config(args.config, overrides, world_size=detect_launch_env().world_size)
+        cfg = load_fitting_config(args.config, overrides, world_size=detect_launch_env().world_size)
     except ConfigError as exc:
         log.error("%s", exc)
         return EXIT_CONFIG

@@ -83,6 +83,13 @@ class ParallelConfig:
     """Pipeline-parallel size."""
     vpp: Optional[int] = None
     """Virtual pipeline stages per rank (interleaved schedule); None disables it."""
+    num_layers_in_first_pipeline_stage: Optional[int] = None
+    """Uneven pipeline: transformer layers on the first stage (Megatron-Core's option of the same
+    name); the other stages split the rest evenly. Needed when pp does not divide
+    model.num_layers (Qwen3-235B-A22B: 94 layers). None: even split."""
+    num_layers_in_last_pipeline_stage: Optional[int] = None
+    """Uneven pipeline: transformer layers on the last stage (it also holds the output layer and
+    the log-prob pass, so it usually gets fewer). None: even split."""
     ep: int = 1
     """Expert-parallel size."""
     etp: int = 1
@@ -114,6 +121,19 @@ class OptimizerConfig:
     lr_decay_style: str = "constant"
     """``constant``, ``linear`` or ``cosine``."""
     use_distributed_optimizer: bool = True
+    precision_aware: bool = False
+    """Megatron-Core's ``use_precision_aware_optimizer``: Adam state in lower precision
+    (``moments_dtype``) and the fp32 main weights kept as 16-bit remainders next to the bf16
+    weights. Transformer Engine's FusedAdam does it (GPU only); needs use_distributed_optimizer."""
+    moments_dtype: str = "fp32"
+    """dtype of Adam's exp_avg and exp_avg_sq: ``fp32`` or ``bf16`` (bf16 needs precision_aware
+    and halves the optimizer state; Megatron's ``exp_avg_dtype`` / ``exp_avg_sq_dtype``)."""
+    cpu_offload: bool = False
+    """Megatron-Core's ``optimizer_cpu_offload``: fp32 main weights and Adam state live in host
+    memory and the update runs there (``HybridDeviceOptimizer``, GPU runs only), with the
+    host<->device copies overlapped. Frees 12 bytes per parameter / DP of GPU memory."""
+    offload_fraction: float = 1.0
+    """Share of the optimizer state offloaded when ``cpu_offload`` (``optimizer_offload_fraction``)."""
     max_consecutive_nonfinite: int = 3
     """Updates skipped for a non-finite loss or grad norm in a row before the run stops."""
 
@@ -339,6 +359,24 @@ class LaunchConfig:
 
 
 @dataclass
+class PlanConfig:
+    """What the memory planner assumes about the GPUs (``gspo-plan``, and the fit check that
+    config loading runs; ``docs/planner.md``)."""
+
+    gpu_memory_gb: Optional[float] = None
+    """Memory of one GPU in GB (80 for an H100 80GB). Config loading refuses a learner or
+    rollout layout predicted not to fit it, naming the biggest terms and the planner's best
+    layout; None skips the check (CPU runs)."""
+    reserved_gb: float = 4.0
+    """Per GPU, memory held outside tensors: CUDA context, NCCL buffers, fragmentation."""
+    check_fit: bool = True
+    """false skips the fit check gspo-train and the launch plan run after loading the config
+    (the explicit override: plan.check_fit=false)."""
+    mfu: float = 0.3
+    """Model FLOP utilisation assumed for the learner's time estimate."""
+
+
+@dataclass
 class GSPOConfig:
     """Root of the configuration tree."""
 
@@ -354,3 +392,4 @@ class GSPOConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)

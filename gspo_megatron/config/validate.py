@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+from gspo_megatron.config.errors import ConfigError  # noqa: F401  (re-exported)
 from gspo_megatron.config.allocation import allocation_problems, fleet_problems
 from gspo_megatron.config.sequence_padding import FP8_RECIPES, pad_multiple_for, round_up
 
@@ -24,6 +25,7 @@ CHOICES = {
     "model.fp8.format": ("hybrid", "e4m3"),
     "model.fp8.recipe": FP8_RECIPES,
     "optimizer.lr_decay_style": ("constant", "linear", "cosine"),
+    "optimizer.moments_dtype": ("fp32", "bf16"),
     "algo.loss": ("gspo", "gspo_token", "grpo"),
     "algo.advantage": ("group_norm", "group_mean"),
     "algo.grpo_aggregation": ("token_mean", "seq_mean_token_mean"),
@@ -35,10 +37,6 @@ CHOICES = {
     "checkpoint.resume": ("auto", "always", "never"),
     "logging.wandb.mode": ("offline", "online", "disabled"),
 }
-
-
-class ConfigError(ValueError):
-    """A configuration problem; the message names the file, override or key."""
 
 
 def _get(cfg, dotted: str):
@@ -144,6 +142,55 @@ def _check_ranges(cfg, check) -> None:
               f"{cfg.optimizer.min_lr} must be <= optimizer.lr={cfg.optimizer.lr}")
 
 
+def _check_pipeline_split(cfg, check) -> None:
+    """Layers per pipeline stage, even or uneven, exactly as Megatron-Core would build them."""
+    from gspo_megatron.config.pipeline_split import (PipelineSplitError, stage_layer_counts,
+                                                    suggest_uneven_split)
+
+    m, p = cfg.model, cfg.parallel
+    first, last = p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage
+    uneven = first is not None or last is not None
+    if p.vpp is not None:  # interleaved: even stages only (uneven + VPP is not tested here)
+        check(p.pp > 1, "parallel.vpp", "virtual pipeline stages need parallel.pp > 1")
+        check(not uneven, "parallel.vpp",
+              "virtual pipeline stages with uneven first/last stages are not supported here; "
+              "unset parallel.num_layers_in_first/last_pipeline_stage or parallel.vpp")
+        check(p.vpp >= 1 and m.num_layers % (p.pp * p.vpp) == 0, "parallel.vpp",
+              f"pp*vpp={p.pp}*{p.vpp} must divide model.num_layers={m.num_layers}")
+        return
+    try:
+        stage_layer_counts(m.num_layers, p.pp, first, last)
+    except PipelineSplitError as exc:
+        key = ("parallel.num_layers_in_first_pipeline_stage" if uneven else "parallel.pp")
+        hint = ""
+        if not uneven and p.pp > 1:
+            try:
+                split = suggest_uneven_split(m.num_layers, p.pp)
+            except PipelineSplitError:
+                split = None
+            if split:
+                hint = (f"; for an uneven split set parallel.num_layers_in_first_pipeline_stage="
+                        f"{split[0]} parallel.num_layers_in_last_pipeline_stage={split[1]}")
+        check(False, key, f"{exc}{hint}")
+
+
+def _check_optimizer_memory_options(cfg, check) -> None:
+    """Megatron-Core 0.16.1's rules for its optimizer memory options (optimizer_config.py)."""
+    o, m = cfg.optimizer, cfg.model
+    if o.precision_aware or o.cpu_offload:
+        key = "optimizer.precision_aware" if o.precision_aware else "optimizer.cpu_offload"
+        check(o.use_distributed_optimizer or not o.precision_aware, key,
+              "the precision-aware optimizer needs optimizer.use_distributed_optimizer=true")
+        check(m.transformer_impl != "local", key,
+              "needs GPUs (Transformer Engine's FusedAdam / CUDA streams); "
+              "model.transformer_impl=local is the CPU path")
+    check(o.moments_dtype == "fp32" or (o.precision_aware and not o.cpu_offload),
+          "optimizer.moments_dtype", f"'{o.moments_dtype}' needs optimizer.precision_aware=true "
+          "and no optimizer.cpu_offload (the offloaded CPU Adam keeps fp32 state)")
+    check(0.0 < o.offload_fraction <= 1.0, "optimizer.offload_fraction",
+          f"{o.offload_fraction} must be in (0, 1]")
+
+
 def validate_config(cfg, world_size: Optional[int] = None) -> None:
     """Raise ConfigError listing every inconsistency found; return None when all is well.
 
@@ -169,6 +216,7 @@ def validate_config(cfg, world_size: Optional[int] = None) -> None:
     _check_fp8(cfg, check)
     _check_fleet_and_allocation(cfg, check)
     _check_optimizer(cfg, check)
+    _check_optimizer_memory_options(cfg, check)
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
 
@@ -191,12 +239,7 @@ def _check_model_layout(cfg, check) -> None:
           f"tp={p.tp} must divide model.num_query_groups={m.num_query_groups}")
     check(m.num_attention_heads % m.num_query_groups == 0, "model.num_query_groups",
           f"{m.num_query_groups} must divide model.num_attention_heads={m.num_attention_heads}")
-    check(m.num_layers % p.pp == 0, "parallel.pp",
-          f"pp={p.pp} must divide model.num_layers={m.num_layers}")
-    if p.vpp is not None:
-        check(p.pp > 1, "parallel.vpp", "virtual pipeline stages need parallel.pp > 1")
-        check(p.vpp >= 1 and m.num_layers % (p.pp * p.vpp) == 0, "parallel.vpp",
-              f"pp*vpp={p.pp}*{p.vpp} must divide model.num_layers={m.num_layers}")
+    _check_pipeline_split(cfg, check)
     check(not p.sp or p.tp > 1, "parallel.sp", "sequence parallelism needs parallel.tp > 1")
 
     is_moe = m.arch == "qwen3_moe"

@@ -152,6 +152,12 @@ def _parallel_kwargs(parallel: ParallelConfig, on_gpu: bool) -> dict:
         tensor_model_parallel_size=parallel.tp,
         pipeline_model_parallel_size=parallel.pp,
         virtual_pipeline_model_parallel_size=parallel.vpp,
+        # Uneven stages: Megatron computes every stage's layer count and global layer offset
+        # from these two (transformer_block.get_num_layers_to_build,
+        # transformer_layer.get_transformer_layer_offset); conversion, export and resharding
+        # read the global index back from each layer's layer_number.
+        num_layers_in_first_pipeline_stage=parallel.num_layers_in_first_pipeline_stage,
+        num_layers_in_last_pipeline_stage=parallel.num_layers_in_last_pipeline_stage,
         context_parallel_size=parallel.cp,
         sequence_parallel=parallel.sp,
         expert_model_parallel_size=parallel.ep,
