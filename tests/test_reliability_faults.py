@@ -1,7 +1,8 @@
 """Fault injection, one test per problem of issue 18 (tools/reliability/faults.py does the work):
 
 1. two jobs in one run directory;      2. a damaged newest checkpoint (shard, common.pt);
-3. a full disk (before and during a checkpoint write, a leftover .partial);
+3. a full disk (before and during a checkpoint write, a leftover .partial; gspo-convert onto a
+   full disk, gspo-export running into ENOSPC);
 4. metrics.jsonl after a crash before the first checkpoint and with a torn last line;
 5. no process outlives a SIGKILLed trainer;   7. SIGUSR1 during start-up.
 
@@ -18,6 +19,7 @@ from tools.reliability.harness import Workspace
 
 CASES = [faults.two_jobs, faults.damaged_distcp, faults.damaged_common,
          disk_faults.disk_full_precheck, disk_faults.disk_full_mid_write, disk_faults.leftover_partial,
+         disk_faults.convert_disk_full, disk_faults.export_enospc,
          faults.sigkill_before_first_checkpoint, faults.torn_metrics, faults.sigkill_orphans,
          faults.sigusr1_at_start]
 
