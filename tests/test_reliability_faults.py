@@ -1,4 +1,4 @@
-"""Fault injection, one test per problem of issue 18 (tools/reliability/faults.py does the work):
+"""Fault injection, one test per problem of issue 18 (the faults live in tools/reliability/):
 
 1. two jobs in one run directory;      2. a damaged newest checkpoint (shard, common.pt);
 3. a full disk (before and during a checkpoint write, a leftover .partial; gspo-convert onto a
