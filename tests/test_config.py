@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,22 @@ def test_inconsistent_layouts_and_settings_are_refused(overrides, message):
     base = ["model.num_experts=4", "parallel.world_size=8"]
     with pytest.raises(ConfigError, match=message):
         load_config(None, base + overrides)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer.num_steps=-1", "trainer.num_steps: -1 must be >= 1"),
+    ("trainer.num_sft_steps=-5", "trainer.num_sft_steps: -5 must be >= 0"),
+    ("checkpoint.save_every_steps=-2", "checkpoint.save_every_steps: -2 must be >= 0"),
+    ("checkpoint.keep_last=0", "checkpoint.keep_last: 0 must be >= 1"),
+    ("rollout.max_new_tokens=0", "rollout.max_new_tokens: 0 must be >= 1"),
+    ("reward.timeout_s=0", "reward.timeout_s: 0.0 must be > 0.0"),
+    ("optimizer.adam_beta2=1.0", "optimizer.adam_beta2: 1.0 must be < 1"),
+    ("optimizer.min_lr=1.0", "optimizer.min_lr: 1.0 must be <= optimizer.lr"),
+    ("data.max_bad_row_fraction=2", "data.max_bad_row_fraction: 2.0 must be <= 1"),
+])
+def test_counts_and_rates_outside_their_meaning_are_refused(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, ["model.num_experts=4", override])
 
 
 def test_context_parallel_layouts_are_accepted():

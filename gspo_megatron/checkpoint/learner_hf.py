@@ -15,10 +15,9 @@ from typing import Optional
 import torch.distributed as dist
 
 from gspo_megatron.checkpoint.convert import fill_from_hf
-from gspo_megatron.checkpoint.export import write_hf_metadata
+from gspo_megatron.checkpoint.export import write_hf_directory
 from gspo_megatron.checkpoint.gather import iter_hf_tensors
-from gspo_megatron.checkpoint.hf_io import HFCheckpointReader, SafetensorsShardWriter
-from gspo_megatron.checkpoint.meta import partial_dir, publish
+from gspo_megatron.checkpoint.hf_io import HFCheckpointReader
 from gspo_megatron.model.provider import padded_vocab_size
 
 
@@ -41,17 +40,10 @@ def load_hf_into_learner(learner, hf_dir: str | Path) -> int:
 def export_learner_to_hf(learner, out_dir: str | Path, tokenizer_dir: Optional[str] = None,
                          max_shard_bytes: int = 5 * 10**9) -> Path:
     """Collective: write the learner's current policy as an HF checkpoint directory."""
-    is_main = not dist.is_initialized() or dist.get_rank() == 0
     dtype = next(unwrapped_chunks(learner)[0].parameters()).dtype
-    writer = SafetensorsShardWriter(partial_dir(out_dir), max_shard_bytes) if is_main else None
-    for name, tensor in iter_hf_tensors(unwrapped_chunks(learner), learner.model_cfg):
-        if writer is not None:
-            writer.add(name, tensor.to(dtype))
-    if writer is not None:
-        writer.finish()
-        write_hf_metadata(writer.dir, learner.model_cfg,
-                          Path(tokenizer_dir) if tokenizer_dir else None, dtype)
-        publish(writer.dir, out_dir)
+    write_hf_directory(iter_hf_tensors(unwrapped_chunks(learner), learner.model_cfg), Path(out_dir),
+                       learner.model_cfg, Path(tokenizer_dir) if tokenizer_dir else None, dtype,
+                       max_shard_bytes)
     if dist.is_initialized():
         dist.barrier()
     return Path(out_dir)

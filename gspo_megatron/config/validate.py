@@ -101,6 +101,47 @@ def _check_fleet_and_allocation(cfg, check) -> None:
         check(False, key, message)
 
 
+# (key, lowest allowed value, whether the lowest value itself is allowed): counts, sizes, rates.
+# A negative step count or a zero token budget would otherwise be accepted and fail (or do
+# nothing) much later.
+LOWER_BOUNDS = (
+    ("trainer.num_steps", 1, True), ("trainer.num_sft_steps", 0, True),
+    ("trainer.sft_batch_size", 1, True), ("trainer.eval_every_steps", 0, True),
+    ("trainer.sft_lr", 0.0, False),
+    ("checkpoint.save_every_steps", 0, True), ("checkpoint.keep_last", 1, True),
+    ("rollout.max_new_tokens", 1, True), ("rollout.n_samples_per_prompt", 1, True),
+    ("rollout.sglang.num_servers", 1, True), ("rollout.sglang.max_retries", 0, True),
+    ("rollout.sglang.request_timeout_s", 0.0, False), ("rollout.sglang.health_timeout_s", 0.0, False),
+    ("rollout.sglang.max_concurrency_per_server", 1, True),
+    ("data.max_prompt_tokens", 1, True), ("data.max_bad_row_fraction", 0.0, True),
+    ("reward.timeout_s", 0.0, False), ("reward.num_workers", 1, True),
+    ("optimizer.min_lr", 0.0, True), ("optimizer.warmup_steps", 0, True),
+    ("optimizer.weight_decay", 0.0, True), ("optimizer.adam_eps", 0.0, False),
+    ("optimizer.clip_grad", 0.0, True), ("optimizer.adam_beta1", 0.0, True),
+    ("optimizer.adam_beta2", 0.0, True), ("batch.max_tokens_per_micro_batch", 1, True),
+    ("algo.dynamic_sampling.max_rounds", 0, True), ("algo.advantage_eps", 0.0, True),
+    ("model.num_layers", 1, True), ("model.hidden_size", 1, True),
+    ("model.num_attention_heads", 1, True), ("model.num_query_groups", 1, True),
+    ("model.head_dim", 1, True), ("model.vocab_size", 1, True),
+    ("model.max_position_embeddings", 1, True), ("model.num_experts", 0, True),
+)
+
+
+def _check_ranges(cfg, check) -> None:
+    """Counts, sizes and rates within their meaning (each bound in ``LOWER_BOUNDS``)."""
+    for key, low, inclusive in LOWER_BOUNDS:
+        value = _get(cfg, key)
+        ok = value >= low if inclusive else value > low
+        check(ok, key, f"{value} must be {'>=' if inclusive else '>'} {low}")
+    for key in ("optimizer.adam_beta1", "optimizer.adam_beta2"):
+        check(_get(cfg, key) < 1.0, key, f"{_get(cfg, key)} must be < 1")
+    check(cfg.data.max_bad_row_fraction <= 1.0, "data.max_bad_row_fraction",
+          f"{cfg.data.max_bad_row_fraction} must be <= 1")
+    if cfg.optimizer.lr > 0:  # lr itself is checked with the optimizer
+        check(cfg.optimizer.min_lr <= cfg.optimizer.lr, "optimizer.min_lr",
+              f"{cfg.optimizer.min_lr} must be <= optimizer.lr={cfg.optimizer.lr}")
+
+
 def _check_pipeline_split(cfg, check) -> None:
     """Layers per pipeline stage, even or uneven, exactly as Megatron-Core would build them."""
     from gspo_megatron.config.pipeline_split import (PipelineSplitError, stage_layer_counts,
@@ -161,6 +202,7 @@ def validate_config(cfg, world_size: Optional[int] = None) -> None:
             errors.append(f"{key}: {msg}")
 
     _check_choices_and_sizes(cfg, check)
+    _check_ranges(cfg, check)
     if errors:  # the checks below divide by the sizes and branch on the choices
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
     _check_model_layout(cfg, check)

@@ -44,6 +44,7 @@ from gspo_megatron.algorithms.types import LossOutput, PolicyLossInputs
 from gspo_megatron.config.schema import GSPOConfig
 from gspo_megatron.config.sequence_padding import pad_multiple_for
 from gspo_megatron.learner import checkpointing
+from gspo_megatron.learner.checkpoint_files import checkpoint_root
 from gspo_megatron.learner.batch import MicroBatch, SequenceBatch, StepPlan, plan_step
 from gspo_megatron.learner.forward import forward_chunk, response_logprobs, split_by_sequence
 from gspo_megatron.learner.optimizer import (build_optimizer, build_scheduler, current_lr,
@@ -287,15 +288,16 @@ class Learner:
     # ---- checkpoints ----------------------------------------------------------------------
 
     def last_good_dir(self) -> Path:
-        root = self.cfg.checkpoint.dir or str(Path(self.cfg.logging.run_dir) / "checkpoints")
-        return Path(root) / "last_good"
+        return checkpoint_root(self.cfg.checkpoint, self.cfg.logging.run_dir) / "last_good"
 
     def _meta(self) -> dict:
         return {"step": self.step, "model": self.model_cfg, "parallel": self.cfg.parallel}
 
-    def save_checkpoint(self, directory, extra: Optional[dict] = None) -> None:
+    def save_checkpoint(self, directory, extra: Optional[dict] = None,
+                        meta: Optional[dict] = None) -> None:
+        """Training checkpoint; ``extra`` goes into the checkpoint, ``meta`` into gspo_meta.json."""
         checkpointing.save_training_checkpoint(self.model, self.optimizer, self.scheduler,
-                                               directory, self._meta(), extra)
+                                               directory, {**(meta or {}), **self._meta()}, extra)
 
     def load_checkpoint(self, directory, load_optimizer: bool = True) -> dict:
         """Restore a training checkpoint (any layout); returns the saved ``extra`` dict."""

@@ -25,6 +25,15 @@ from typing import Dict, List, Optional, Sequence
 log = logging.getLogger(__name__)
 
 
+def _dies_with_us(command: List[str]) -> List[str]:
+    """``command`` behind the parent-death wrapper (a ``python -m`` line, not an import):
+    a server must not outlive a trainer killed with SIGKILL."""
+    if not sys.platform.startswith("linux"):
+        return command
+    return [sys.executable, "-m", "gspo_megatron.distributed.child_processes", "--parent",
+            str(os.getpid()), "--", *command]
+
+
 def sglang_server_command(cfg, model_path: str, index: int, host: str = "127.0.0.1",
                           enable_memory_saver: bool = False, deterministic: bool = False,
                           python: str = sys.executable) -> List[str]:
@@ -78,7 +87,8 @@ class ServerLauncher:
             log_path = os.path.join(self.log_dir, f"server_{address.replace(':', '_')}.log")
             out = open(log_path, "ab")
         env = dict(os.environ, **(self.env or {}))
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(_dies_with_us(command), stdout=out, stderr=subprocess.STDOUT,
+                                env=env)
         if out is not subprocess.DEVNULL:
             out.close()  # the child holds its own descriptor
         log.info("started rollout server pid %d at %s: %s", proc.pid, address, " ".join(command))

@@ -2,46 +2,40 @@
 
 The loop (``trainer/loop.py``) only sequences; everything that knows how a part is made lives
 here: the learner on every rank, the rollout engine, rewards and logger on the main rank, the
-data sampler on every rank (they advance in step, so no prompts are broadcast), checkpoints with
-the trainer state, and the weight sync that streams the learner's parameters, gathered into
-Hugging Face names, into the engine.
+data sampler on every rank (they advance in step, so no prompts are broadcast), the run's
+checkpoints (``trainer/checkpoints.py``: resume decision, save, rotation), and the weight sync
+that streams the learner's parameters, gathered into Hugging Face names, into the engine.
+
+Inputs are checked (``trainer/preflight.py``) and the resume decision is taken before the
+learner is built, so a bad path or a changed dataset fails in seconds with nothing written.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from gspo_megatron.algorithms.losses import get_policy_loss
 from gspo_megatron.checkpoint.learner_hf import export_learner_to_hf, load_hf_into_learner
-from gspo_megatron.config.validate import ConfigError
 from gspo_megatron.data.dataset import load_prompt_dataset
 from gspo_megatron.data.sampler import PromptSampler
-from gspo_megatron.learner.checkpointing import read_meta
 from gspo_megatron.learner.learner import Learner
 from gspo_megatron.rewards.runner import RewardRunner
 from gspo_megatron.rewards.scorer import RolloutScorer
+from gspo_megatron.trainer.checkpoints import RunCheckpoints, data_identity, plan_resume
 from gspo_megatron.trainer.evaluation import before_after_table
 from gspo_megatron.trainer.metrics_log import MetricsLogger
 from gspo_megatron.trainer.plot import plot_history
 from gspo_megatron.trainer.preemption import PreemptionFlag
+from gspo_megatron.trainer.preflight import (check_initial_weights, check_input_files,
+                                             load_tokenizer)
 
 log = logging.getLogger(__name__)
-
-STEP_DIR_PREFIX = "step_"
-
-
-@dataclass
-class ResumeState:
-    step: int
-    extra: Dict[str, Any]
-
 
 @dataclass
 class TrainerParts:
@@ -56,7 +50,7 @@ class TrainerParts:
     sft_loss: Any
     preemption: PreemptionFlag
     run_dir: Path
-    ckpt_root: Path
+    checkpoints: RunCheckpoints
     engine: Any = None
     reward_runner: Optional[RolloutScorer] = None
     eval_prompts: Optional[list] = None
@@ -72,40 +66,6 @@ class TrainerParts:
         engine's update protocol (pause, abort, begin, buckets, end, flush, continue) included."""
         return self.syncer(str(self.learner.step))
 
-    # ---- checkpoints ---------------------------------------------------------------------
-    def _complete_steps(self) -> List[int]:
-        if not self.ckpt_root.is_dir():
-            return []
-        steps = []
-        for d in self.ckpt_root.glob(f"{STEP_DIR_PREFIX}*"):
-            if (d / "gspo_meta.json").is_file() and d.name[len(STEP_DIR_PREFIX):].isdigit():
-                steps.append(int(d.name[len(STEP_DIR_PREFIX):]))
-        return sorted(steps)
-
-    def save(self, step: int) -> Path:
-        path = self.ckpt_root / f"{STEP_DIR_PREFIX}{step:06d}"
-        self.learner.save_checkpoint(path, extra={"trainer_step": step,
-                                                  "sampler": self.sampler.state_dict()})
-        if self.runtime.is_main:
-            for old in self._complete_steps()[:-max(self.cfg.checkpoint.keep_last, 1)]:
-                shutil.rmtree(self.ckpt_root / f"{STEP_DIR_PREFIX}{old:06d}", ignore_errors=True)
-            log.info("saved checkpoint %s", path)
-        return path
-
-    def resume(self) -> Optional[ResumeState]:
-        mode = self.cfg.checkpoint.resume
-        steps = self._complete_steps()
-        if mode == "never" or (mode == "auto" and not steps):
-            return None
-        if not steps:
-            raise ConfigError(f"checkpoint.resume=always but {self.ckpt_root} holds no checkpoint")
-        path = self.ckpt_root / f"{STEP_DIR_PREFIX}{steps[-1]:06d}"
-        extra = self.learner.load_checkpoint(path)
-        self.sampler.load_state_dict(extra["sampler"])
-        if self.runtime.is_main:
-            log.info("resumed from %s (step %d)", path, extra["trainer_step"])
-        return ResumeState(step=int(extra["trainer_step"]), extra=extra)
-
     # ---- end of run ----------------------------------------------------------------------
     def finish(self) -> None:
         """Plot and export the final policy to Hugging Face format."""
@@ -113,7 +73,10 @@ class TrainerParts:
                                    tokenizer_dir=self.cfg.model.hf_path)
         if self.runtime.is_main:
             if self.cfg.logging.plot:
-                plot_history(self.logger.history, self.run_dir / "metrics.png")
+                try:
+                    plot_history(self.logger.history, self.run_dir / "metrics.png")
+                except OSError as exc:  # the plot is a convenience; metrics.jsonl has the data
+                    log.warning("could not write %s: %s", self.run_dir / "metrics.png", exc)
             log.info("exported the final policy to %s", out)
             table = before_after_table(self.logger.history)
             if table:
@@ -150,26 +113,27 @@ def _build_weight_sync(parts: TrainerParts, cfg, runtime, run_dir: Path):
     return LearnerWeightSync(parts.learner, parts.engine, transport, dst, r.weight_sync.bucket_bytes)
 
 
-def build_parts(cfg, runtime) -> TrainerParts:
+def build_parts(cfg, runtime, preemption: Optional[PreemptionFlag] = None) -> TrainerParts:
     """Construct every part of a run for this process (collective: call on every rank)."""
-    from transformers import AutoTokenizer
-
-    if not cfg.model.hf_path:
-        raise ConfigError("model.hf_path: the trainer needs a Hugging Face directory for the "
-                          "tokenizer and the rollout engine's architecture")
-    if not cfg.data.train_path:
-        raise ConfigError("data.train_path: no training prompts given")
+    check_input_files(cfg)
     run_dir = Path(cfg.logging.run_dir)
-    ckpt_root = Path(cfg.checkpoint.dir or run_dir / "checkpoints")
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.hf_path)
+    tokenizer = load_tokenizer(cfg.model.hf_path)
     train = load_prompt_dataset(cfg.data.train_path, tokenizer, cfg.data)
     sampler = PromptSampler(train.records, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
+    eval_records = (load_prompt_dataset(cfg.data.eval_path, tokenizer, cfg.data).records
+                    if cfg.data.eval_path and runtime.is_main else None)
+    data = data_identity(cfg.data.train_path, sampler.state_dict())
+    resume_from = plan_resume(cfg, data, runtime.is_main)
+    check_initial_weights(cfg, resuming=resume_from is not None)
     learner = Learner(cfg, runtime, total_steps=cfg.trainer.num_steps * cfg.batch.num_mini_batches)
+    checkpoints = RunCheckpoints(cfg, learner, sampler, runtime.is_main, data, resume_from)
     parts = TrainerParts(cfg=cfg, runtime=runtime, learner=learner, tokenizer=tokenizer,
                          sampler=sampler, policy_loss=get_policy_loss(cfg.algo.loss),
                          sft_loss=get_policy_loss("sft"),
-                         preemption=PreemptionFlag(), run_dir=run_dir, ckpt_root=ckpt_root)
-    _initial_weights(parts)
+                         preemption=preemption or PreemptionFlag(), run_dir=run_dir,
+                         checkpoints=checkpoints, eval_prompts=eval_records)
+    if resume_from is None:  # otherwise the run's own checkpoint holds the weights
+        _load_initial(learner, cfg)
     if cfg.algo.kl_coef > 0:
         parts.reference = Learner(cfg, runtime, total_steps=1)
         _load_initial(parts.reference, cfg)
@@ -178,24 +142,14 @@ def build_parts(cfg, runtime) -> TrainerParts:
     parts.syncer = _build_weight_sync(parts, cfg, runtime, run_dir)
     if runtime.is_main:
         parts.reward_runner = RolloutScorer(RewardRunner.from_config(cfg.reward), tokenizer)
-        if cfg.data.eval_path:
-            parts.eval_prompts = load_prompt_dataset(cfg.data.eval_path, tokenizer, cfg.data).records
     if runtime.world_size > 1:
         dist.barrier()
     return parts
 
 
-def _initial_weights(parts: TrainerParts) -> None:
-    """Weights before RL: a converted checkpoint, else the HF directory itself."""
-    cfg = parts.cfg
-    if any(parts._complete_steps()) and cfg.checkpoint.resume != "never":
-        return  # resume() will load the run's own checkpoint
-    _load_initial(parts.learner, cfg)
-
-
 def _load_initial(learner: Learner, cfg) -> None:
+    """Weights before RL: a converted checkpoint, else the HF directory itself."""
     if cfg.checkpoint.load_dir:
-        read_meta(cfg.checkpoint.load_dir)
         learner.load_weights(cfg.checkpoint.load_dir)
     else:
         load_hf_into_learner(learner, cfg.model.hf_path)

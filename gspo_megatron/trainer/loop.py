@@ -133,18 +133,30 @@ class GSPOTrainer:
         return metrics
 
     # ---- the run -------------------------------------------------------------------------
+    def _preempted_before_first_step(self) -> bool:
+        """A signal during start-up or the cold start: nothing new to save, exit for requeue."""
+        if not _any_rank(self.p.preemption.requested, self.p):
+            return False
+        log.warning("preemption signal before the first RL step: exiting %d without a new "
+                    "checkpoint", REQUEUE_EXIT_CODE)
+        return True
+
     def run(self) -> int:
         cfg, p = self.cfg, self.p
-        resumed = p.resume()
+        resumed = p.checkpoints.resume()
         self.step = resumed.step if resumed else 0
+        p.logger.start(self.step if resumed else None)  # metrics agree with the checkpoint
+        if self._preempted_before_first_step():
+            return REQUEUE_EXIT_CODE
         if resumed is None:
             self.cold_start()
+            if self._preempted_before_first_step():
+                return REQUEUE_EXIT_CODE
             self.sync_weights()
             if p.runtime.is_main:
                 p.logger.log(0, self.evaluate())
         else:
             self.sync_weights()
-            p.logger.truncate_after(self.step)
         eval_every = cfg.trainer.eval_every_steps
         bar = tqdm(total=cfg.trainer.num_steps, initial=self.step, desc="GSPO steps",
                    disable=not p.runtime.is_main, dynamic_ncols=True)
@@ -162,7 +174,7 @@ class GSPOTrainer:
             preempted = _any_rank(p.preemption.requested, p)
             every = cfg.checkpoint.save_every_steps
             if last or preempted or (every and self.step % every == 0):
-                p.save(self.step)
+                p.checkpoints.save(self.step)
             if preempted and not last:
                 log.warning("checkpointed step %d after %s; exiting %d for requeue", self.step,
                             p.preemption.signal_name or "a signal on another rank", REQUEUE_EXIT_CODE)
