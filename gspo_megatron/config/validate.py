@@ -69,6 +69,34 @@ def _check_context_parallel(cfg, check) -> None:
           f"parallel.cp={p.cp}")
 
 
+def _check_paper_experiments(cfg, check) -> None:
+    """Routing replay, TIS and the diagnostics: combinations that would not do what they say."""
+    a, m = cfg.algo, cfg.model
+    check(not a.tis.enabled or a.old_logprob_source == "learner", "algo.tis.enabled",
+          "TIS weights min(pi_old / pi_rollout, C) need pi_old from the learner; with "
+          "algo.old_logprob_source=rollout pi_old *is* the engine's, every weight would be 1 "
+          "(the ratio already divides by the engine's log-probs): set "
+          "algo.old_logprob_source=learner or disable algo.tis")
+    if a.routing_replay:
+        check(m.arch == "qwen3_moe" and m.num_experts > 0, "algo.routing_replay",
+              "routing replay needs an MoE model")
+        check(a.old_logprob_source == "learner", "algo.routing_replay",
+              "the routing to replay is recorded by the learner's old-log-prob pass: set "
+              "algo.old_logprob_source=learner")
+        check(m.recompute != "full" or cfg.parallel.pp == 1, "algo.routing_replay",
+              "with model.recompute=full the backward re-runs the router; replaying the right "
+              "micro-batch's experts there needs parallel.pp=1")
+    d = a.diagnostics
+    edges = list(d.length_bucket_edges)
+    check(all(e >= 1 for e in edges) and edges == sorted(set(edges)),
+          "algo.diagnostics.length_bucket_edges", f"{edges} must be increasing integers >= 1")
+    bins = list(d.log_ratio_bin_edges)
+    check(bins == sorted(set(bins)), "algo.diagnostics.log_ratio_bin_edges",
+          f"{bins} must be increasing")
+    check(d.expert_volatility_num_seqs >= 0, "algo.diagnostics.expert_volatility_num_seqs",
+          "must be >= 0 (0 turns it off)")
+
+
 def validate_config(cfg, world_size: Optional[int] = None) -> None:
     """Raise ConfigError listing every inconsistency found; return None when all is well."""
     errors: List[str] = []
@@ -171,6 +199,7 @@ def validate_config(cfg, world_size: Optional[int] = None) -> None:
           "engine takes 'tensor' or 'disk'")
 
     _check_context_parallel(cfg, check)
+    _check_paper_experiments(cfg, check)
 
     # Precision.
     if m.fp8.enabled:
