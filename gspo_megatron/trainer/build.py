@@ -144,7 +144,8 @@ class TrainerParts:
                                    tokenizer_dir=self.cfg.model.hf_path)
         if self.runtime.is_main:
             if self.cfg.logging.plot:
-                plot_history(self.logger.history, self.run_dir / "metrics.png")
+                plot_history(self.logger.history, self.run_dir / "metrics.png",
+                             bin_edges=self.cfg.algo.diagnostics.log_ratio_bin_edges)
             log.info("exported the final policy to %s", out)
             table = before_after_table(self.logger.history)
             if table:

@@ -3,8 +3,10 @@
     for step in steps:
         rollout  = collect_rollout(...)                  # main rank: engine + rewards + advantages
         batch    = broadcast(rollout) -> SequenceBatch   # every learner rank
-        old_lp   = learner.compute_logprobs(batch)       # or the engine's (algo.old_logprob_source)
-        for mini in split(batch, batch.num_mini_batches): learner.train_step(mini, loss)
+        old      = old_policy_pass(learner, batch)       # pi_old per mini-batch: learner or engine
+        probe    = ExpertVolatilityProbe.start(...)      # MoE routing of a sample, before ...
+        for mini, routing in old: learner.train_step(mini, loss, routing)  # routing: replay or None
+        probe.finish()                                   # ... and after: expert volatility
         sync_weights(learner -> engine)
         log / evaluate / checkpoint
 
@@ -24,10 +26,11 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from gspo_megatron.learner.optimizer import reset_adam_state
-from gspo_megatron.trainer.batching import (rollout_to_sequence_batch, sft_batch,
-                                            split_mini_batches, with_old_logprobs)
+from gspo_megatron.trainer.batching import rollout_to_sequence_batch, sft_batch
 from gspo_megatron.trainer.build import TrainerParts, constant_learning_rate
 from gspo_megatron.trainer.evaluation import evaluate_accuracy
+from gspo_megatron.trainer.expert_volatility import ExpertVolatilityProbe
+from gspo_megatron.trainer.old_policy import old_policy_pass
 from gspo_megatron.trainer.preemption import REQUEUE_EXIT_CODE
 from gspo_megatron.trainer.rollout_step import collect_rollout
 
@@ -102,25 +105,22 @@ class GSPOTrainer:
             metrics["data/active_prompts"] = float(p.sampler.num_active)
 
         t1 = time.perf_counter()
-        if cfg.algo.old_logprob_source == "learner" or cfg.algo.tis.enabled:
-            learner_lp = p.learner.compute_logprobs(batch).logprobs
-            mismatch = [float((a - torch.tensor(s.response_logprobs)).abs().mean())
-                        for a, s in zip(learner_lp, rollout.samples)]
-            metrics["rollout/learner_vs_engine_abs_logp"] = sum(mismatch) / len(mismatch)
-            if cfg.algo.old_logprob_source == "learner":
-                batch = with_old_logprobs(batch, learner_lp)
         if p.reference is not None:
             batch = replace(batch, ref_logprobs=p.reference.compute_logprobs(batch).logprobs)
+        old = old_policy_pass(p.learner, batch, cfg)  # + the routing to replay (routing replay)
+        metrics.update(old.metrics)
         metrics["time/old_logprobs_s"] = time.perf_counter() - t1
 
+        volatility = ExpertVolatilityProbe.start(p.learner, batch, cfg)
         t2 = time.perf_counter()
-        minis = split_mini_batches(batch, cfg.batch.num_mini_batches, cfg.rollout.n_samples_per_prompt)
-        for mini in minis:
-            step_metrics = p.learner.train_step(mini, p.policy_loss)
-            for k, v in step_metrics.items():  # mean over the mini-batches of this step
-                key = f"train/{k}"
-                metrics[key] = metrics.get(key, 0.0) + v / len(minis)
+        per_mini: Dict[str, list] = {}
+        for mini, routing in zip(old.mini_batches, old.routings):
+            for k, v in p.learner.train_step(mini, p.policy_loss, routing=routing).items():
+                per_mini.setdefault(f"train/{k}", []).append(v)
+        # Mean over the mini-batches that report a metric (a length bucket may be empty in some).
+        metrics.update({k: sum(v) / len(v) for k, v in per_mini.items()})
         metrics["time/update_s"] = time.perf_counter() - t2
+        metrics.update(volatility.finish())
         metrics.update(self.sync_weights())
         metrics["time/step_s"] = time.perf_counter() - t0
         return metrics
