@@ -11,7 +11,7 @@ def _rows():
         rows.append({"step": step, "reward/mean": 0.1 * step, "train/clip_frac_token": 0.01,
                      "train/clip_frac_seq": 0.02, "routing/expert_set_changed_frac": 0.1,
                      "train/len_le2/clip_frac_token": 0.1, "train/len_le2/clip_frac_seq": 0.2,
-                     "train/len_3to4/clip_frac_seq": 0.3, "train/len_le2/log_ratio_hist0": 0.5,
+                     "train/len_gt4/seq_frac": 0.1, "train/len_3to4/clip_frac_seq": 0.3, "train/len_le2/log_ratio_hist0": 0.5,
                      "train/len_le2/log_ratio_hist1": 0.5, "train/len_3to4/log_ratio_hist1": 1.0,
                      "train/len_le2/log_ratio_abs_mean": 1e-3 * step})
     return rows
@@ -19,7 +19,7 @@ def _rows():
 
 def test_buckets_in_order_and_run_means():
     rows = _rows()
-    assert bucket_names(rows) == ["le2", "3to4"]
+    assert bucket_names(rows) == ["le2", "3to4", "gt4"]  # by length, not alphabetically
     assert abs(run_mean(rows, "reward/mean") - 0.3) < 1e-12
     assert run_mean(rows, "no/such") is None
 

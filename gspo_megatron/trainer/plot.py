@@ -30,15 +30,17 @@ PANELS = (
 BUCKET = re.compile(r"^train/len_([^/]+)/(.+)$")
 
 
+def _bucket_upper(label: str) -> float:
+    """Upper end of a bucket label of ``length_diagnostics.bucket_labels`` (for ordering)."""
+    if label.startswith("gt"):
+        return float("inf")
+    return float(label[2:] if label.startswith("le") else label.split("to")[-1])
+
+
 def bucket_names(history: List[Dict[str, float]]) -> List[str]:
-    """Length-bucket labels found in the rows, in first-seen order (which is bucket order)."""
-    names: List[str] = []
-    for row in history:
-        for key in row:
-            m = BUCKET.match(key)
-            if m and m.group(1) not in names:
-                names.append(m.group(1))
-    return names
+    """Length-bucket labels found in the rows, shortest responses first."""
+    names = {m.group(1) for row in history for key in row for m in [BUCKET.match(key)] if m}
+    return sorted(names, key=_bucket_upper)
 
 
 def run_mean(history: List[Dict[str, float]], key: str) -> Optional[float]:
@@ -52,7 +54,8 @@ def _series(ax, history, keys, title: str) -> None:
         points = [(row["step"], row[key]) for row in history if key in row]
         if points:
             xs, ys = zip(*points)
-            ax.plot(xs, ys, marker="o", markersize=2, linewidth=1, label=key.split("/", 1)[-1])
+            ax.plot(xs, ys, marker="o" if len(points) <= 100 else None, markersize=2,
+                    linewidth=1 if len(points) <= 100 else 0.6, label=key.split("/", 1)[-1])
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("step")
     if ax.lines:
