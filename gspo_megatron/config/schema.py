@@ -337,6 +337,10 @@ class TrainerConfig:
     """Constant learning rate of the cold-start steps (RL uses ``optimizer.lr``)."""
     sft_batch_size: int = 64
     """Prompts (with their reference answers) per cold-start step."""
+    sft_stop_loss: Optional[float] = None
+    """End the cold start early once the SFT loss, averaged over the last 20 steps, is below
+    this (None: always ``num_sft_steps``). Where the loss drops suddenly at a seed- and
+    machine-dependent step, a loss target starts RL from comparable policies everywhere."""
     reset_optimizer_after_sft: bool = True
     """Start RL with fresh Adam moments: the SFT-era second moments otherwise damp RL updates
     for ~1/(1-beta2) steps."""

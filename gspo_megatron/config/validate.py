@@ -95,6 +95,8 @@ def _check_paper_experiments(cfg, check) -> None:
           f"{bins} must be increasing")
     check(d.expert_volatility_num_seqs >= 0, "algo.diagnostics.expert_volatility_num_seqs",
           "must be >= 0 (0 turns it off)")
+    stop = cfg.trainer.sft_stop_loss
+    check(stop is None or stop > 0, "trainer.sft_stop_loss", f"{stop} must be > 0 (or null)")
 
 
 def validate_config(cfg, world_size: Optional[int] = None) -> None:

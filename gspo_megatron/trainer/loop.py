@@ -32,6 +32,7 @@ from gspo_megatron.trainer.evaluation import evaluate_accuracy
 from gspo_megatron.trainer.expert_volatility import ExpertVolatilityProbe
 from gspo_megatron.trainer.old_policy import old_policy_pass
 from gspo_megatron.trainer.preemption import REQUEUE_EXIT_CODE
+from gspo_megatron.trainer.sft_stop import SftStopRule
 from gspo_megatron.trainer.rollout_step import collect_rollout
 
 log = logging.getLogger(__name__)
@@ -73,20 +74,29 @@ class GSPOTrainer:
         return evaluate_accuracy(self.p.engine, self.p.eval_prompts, self.p.reward_runner,
                                  self.p.tokenizer, self.cfg)
 
-    def cold_start(self) -> None:
-        """Supervised steps on reference answers before RL (the paper cold-starts its model)."""
+    def cold_start(self) -> Dict[str, float]:
+        """Supervised steps on reference answers before RL (the paper cold-starts its model);
+        ``trainer.sft_stop_loss`` may end them early (``trainer/sft_stop.py``)."""
         t = self.cfg.trainer
+        stop = SftStopRule(t.sft_stop_loss)
+        steps = 0
         with constant_learning_rate(self.p.learner, t.sft_lr):
             for i in tqdm(range(t.num_sft_steps), desc="cold-start SFT", dynamic_ncols=True,
                           disable=not self.p.runtime.is_main):
                 records = self.p.sampler.next_batch(t.sft_batch_size)
                 batch = sft_batch(records, self.p.tokenizer)
                 metrics = self.p.learner.train_step(batch, self.p.sft_loss, temperature=1.0)
-                if self.p.runtime.is_main and (i % 50 == 0 or i + 1 == t.num_sft_steps):
-                    log.info("sft step %d/%d loss %.4f", i + 1, t.num_sft_steps,
-                             metrics.get("loss", float("nan")))
+                steps = i + 1
+                done = stop.update(metrics.get("loss", float("nan")))
+                if self.p.runtime.is_main and (i % 50 == 0 or done or steps == t.num_sft_steps):
+                    log.info("sft step %d/%d loss %.4f%s", steps, t.num_sft_steps,
+                             metrics.get("loss", float("nan")),
+                             f" (mean {stop.mean_loss:.4f} < {t.sft_stop_loss}: stop)" if done else "")
+                if done:
+                    break
         if t.num_sft_steps and t.reset_optimizer_after_sft:
             reset_adam_state(self.p.learner.optimizer)
+        return {"sft/num_steps": float(steps), "sft/loss_mean": stop.mean_loss} if steps else {}
 
     def rl_step(self) -> Dict[str, float]:
         cfg, p = self.cfg, self.p
@@ -131,10 +141,10 @@ class GSPOTrainer:
         resumed = p.resume()
         self.step = resumed.step if resumed else 0
         if resumed is None:
-            self.cold_start()
+            sft = self.cold_start()
             self.sync_weights()
             if p.runtime.is_main:
-                p.logger.log(0, self.evaluate())
+                p.logger.log(0, {**sft, **self.evaluate()})
         else:
             self.sync_weights()
             p.logger.truncate_after(self.step)
