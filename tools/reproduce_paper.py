@@ -32,7 +32,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--num-steps", type=int, default=200, help="RL steps per run")
-    parser.add_argument("--num-sft-steps", type=int, default=260, help="cold-start steps per seed")
+    parser.add_argument("--num-sft-steps", type=int, default=1200,
+                        help="cold-start steps per seed at most (it stops at a loss target)")
     parser.add_argument("--jobs", type=int, default=2, help="training runs at once")
     parser.add_argument("--smoke", action="store_true", help="2 steps, 1 seed, tiny batches (CI)")
     args = parser.parse_args(argv)

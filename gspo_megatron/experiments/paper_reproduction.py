@@ -50,10 +50,11 @@ class Settings:
     seeds: Sequence[int] = (1, 2, 3)
     variants: Sequence[str] = tuple(VARIANTS)
     num_steps: int = 200
-    num_sft_steps: int = 260
+    num_sft_steps: int = 1200
+    """A cap: the cold start stops at ``trainer.sft_stop_loss`` (tiny_cpu.yaml)."""
     eval_every_steps: int = 20
     jobs: int = 2
-    """Runs at once; each gets ``OMP_NUM_THREADS = max(1, cpus // jobs)``."""
+    """Runs at once; each gets ``$OMP_NUM_THREADS`` threads if set, else ``max(1, cpus // jobs)``."""
     extra: Sequence[str] = ()
     """Overrides added to every run (e.g. a smaller eval set for a smoke test)."""
 
@@ -143,7 +144,7 @@ def _launch(spec: RunSpec, threads: int) -> float:
 
 def run_all(specs: List[RunSpec], jobs: int) -> None:
     """Run ``specs`` at most ``jobs`` at a time; raise after all finished if any failed."""
-    threads = max(1, (os.cpu_count() or 1) // max(jobs, 1))
+    threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // max(jobs, 1)))
     with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
         futures = [pool.submit(_launch, spec, threads) for spec in specs]
         errors = [str(f.exception()) for f in futures if f.exception() is not None]
