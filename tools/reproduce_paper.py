@@ -18,8 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, no install
 
+from gspo_megatron.config import load_config  # noqa: E402
 from gspo_megatron.experiments.comparison import comparison_table, plot_comparison  # noqa: E402
-from gspo_megatron.experiments.paper_reproduction import VARIANTS, Settings, reproduce  # noqa: E402
+from gspo_megatron.experiments.paper_reproduction import (CONFIG, VARIANTS, Settings,  # noqa: E402
+                                                          reproduce)
 
 SMOKE = dict(seeds=(1,), num_steps=2, num_sft_steps=2, eval_every_steps=0,
              extra=("batch.num_prompts_per_step=4", "rollout.n_samples_per_prompt=4",
@@ -50,7 +52,8 @@ def main(argv=None) -> int:
     except RuntimeError as exc:
         logging.error("%s", exc)
         return 1
-    samples = 4 * 4 if args.smoke else 32 * 8  # prompts x samples per step (paper_tiny_moe.yaml)
+    cfg = load_config(CONFIG, list(settings.extra))
+    samples = cfg.batch.num_prompts_per_step * cfg.rollout.n_samples_per_prompt
     figure = plot_comparison(runs, args.out / "comparison.png", samples_per_step=samples)
     table = comparison_table(runs)
     (args.out / "comparison.md").write_text(table + "\n")
