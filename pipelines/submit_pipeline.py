@@ -8,8 +8,9 @@ Every stage writes into the one run directory: ``converted/`` (convert), ``check
 ``logs/`` (train), ``hf_export/`` (export). The overrides go to convert (so the checkpoint has the
 training layout) and to train. Job ids are printed and recorded in ``<run dir>/pipeline.json``.
 The jobs inherit this process's environment, so ``GSPO_*`` settings of the slurm/ scripts
-(container image, node split, entry points) can be set here. Exit codes: 0 submitted,
-1 an sbatch call failed (the jobs already submitted are cancelled), 2 bad usage.
+(container image, extra mounts, entry points) can be set here; the node layout is the config's.
+Exit codes: 0 submitted, 1 an sbatch call failed (the jobs already submitted are cancelled),
+2 bad usage.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@
 #
 #   GSPO_HF_DIR        the Hugging Face model directory (required)
 #   GSPO_CONVERTED_DIR output (default <run dir>/converted)
-#   GSPO_RUN_DIR, GSPO_PYTHON, GSPO_CONTAINER_IMAGE, GSPO_REPO as in slurm/gspo_30b.sh
+#   GSPO_RUN_DIR, GSPO_PYTHON, GSPO_CONTAINER_IMAGE, GSPO_CONTAINER_MOUNTS, GSPO_REPO as in
+#                      slurm/gspo_30b.sh (the container mounts the repo, run dir, model and output)
 #   GSPO_CONVERT_ENTRY python entry (default "-m gspo_megatron.cli.convert")
 #   GSPO_CONVERT_ARGS  extra converter flags, e.g. "--ep 8" with --ntasks=8 to split the host
 #                      memory over 8 processes (the checkpoint loads under any training layout)
@@ -31,5 +32,6 @@ gspo_setup_run_dir
 [[ -n ${GSPO_HF_DIR:-} ]] || gspo_fail 2 "GSPO_HF_DIR (the Hugging Face model to convert) is not set"
 read -r -a entry <<<"${GSPO_CONVERT_ENTRY:--m gspo_megatron.cli.convert}"
 read -r -a extra <<<"${GSPO_CONVERT_ARGS:-}"
+GSPO_EXTRA_MOUNT_PATHS=("$GSPO_HF_DIR" "${GSPO_CONVERTED_DIR:-$GSPO_RUN_DIR/converted}")
 gspo_single_step_main convert "$GSPO_PYTHON" "${entry[@]}" --hf-dir "$GSPO_HF_DIR" \
   --out "${GSPO_CONVERTED_DIR:-$GSPO_RUN_DIR/converted}" --overwrite "${extra[@]}"

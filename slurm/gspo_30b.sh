@@ -2,31 +2,29 @@
 # GSPO post-training of Qwen3-30B-A3B on H100 nodes: SGLang rollout servers + Megatron learners.
 #
 #   cd /path/to/gspo-megatron && sbatch slurm/gspo_30b.sh [config.overrides ...]
-#   e.g. sbatch --nodes=8 --export=ALL,GSPO_NUM_LEARNER_NODES=4 slurm/gspo_30b.sh trainer.num_steps=200
+#   e.g. sbatch --nodes=8 slurm/gspo_30b.sh launch.num_learner_nodes=4 rollout.sglang.num_servers=8
+#   slurm/gspo_30b.sh --dry-run --nodelist 'node[01-04]' [overrides]   # print every step, run none
 #
-# Arguments are dot-list config overrides handed to the trainer. Settings come from the
-# environment (sbatch exports it); defaults match configs/qwen3_30b_a3b_gspo.yaml:
+# The layout is the config's (configs/qwen3_30b_a3b_gspo.yaml): launch.num_learner_nodes learn,
+# the job's other nodes serve, rollout.mode (disaggregated | colocated), rollout.sglang.{num_servers,
+# tp, dp, ep, port}; the job refuses, before starting anything, a fleet that does not fill its
+# nodes (config/allocation.py). Arguments are dot-list config overrides. Environment:
 #   GSPO_CONFIG               configs/qwen3_30b_a3b_gspo.yaml
-#   GSPO_MODE                 disaggregated | colocated (colocated: every node learns and serves)
-#   GSPO_NUM_LEARNER_NODES    2   (disaggregated; the first N nodes of the job)
-#   GSPO_NUM_ROLLOUT_NODES    rest of the job's nodes
-#   GSPO_PROCS_PER_NODE       8   learner processes (GPUs) per node
-#   GSPO_SERVERS_PER_NODE     2   SGLang servers per rollout node (0: no servers)
-#   GSPO_SGLANG_TP            4   GPUs per server; server i uses GPUs [i*TP, (i+1)*TP)
-#   GSPO_SERVER_PORT          30000 (server i listens on PORT+i)
-#   GSPO_HF_DIR               /models/Qwen3-30B-A3B (model.hf_path; what the servers load first)
-#   GSPO_LOAD_DIR             converted Megatron checkpoint for the initial weights (optional)
-#   GSPO_RUN_DIR              runs/<job name>-<job id>; logs in <run dir>/logs/<job id>/
-#   GSPO_CONTAINER_IMAGE      pyxis image (e.g. a squashfs of the Dockerfile's gpu target)
-#   GSPO_CONTAINER_MOUNTS     default: the repo and the run dir at the same paths
-#   GSPO_PYTHON / GSPO_SGLANG_PYTHON  python / /opt/sglang/bin/python (the image's two envs)
+#   GSPO_HF_DIR / GSPO_LOAD_DIR / GSPO_RUN_DIR   override model.hf_path / checkpoint.load_dir /
+#                             logging.run_dir (default runs/<job name>-<job id>; logs in
+#                             <run dir>/logs/<job id>/)
+#   GSPO_CONTAINER_IMAGE      pyxis image (a squashfs of the Dockerfile's gpu target)
+#   GSPO_CONTAINER_MOUNTS     extra mounts SRC[:DST[:FLAGS]],... added to those derived from the
+#                             config's paths (repo, run dir, model, data, checkpoints)
+#   GSPO_PYTHON               python: the image's one interpreter, for learners and servers alike
+#   GSPO_SGLANG_EXTRA_ARGS    extra SGLang flags (not TP/DP/EP/port/model: the config's)
 #   GSPO_REPO                 repository root (default: the submit directory)
 #   NCCL_* / TORCH_NCCL_*     already-set values win over the defaults in slurm/lib.sh
-# The script sets logging.run_dir, parallel.world_size, rollout.mode, model.hf_path,
-# checkpoint.load_dir and rollout.sglang.server_addresses itself (after the arguments), and
-# exports GSPO_WEIGHT_SYNC_ADDR (learner rank 0's node, where the weight-sync group meets).
-# Preemption: Slurm sends USR1 10 minutes before the limit; the learner checkpoints and exits
-# 124, and the job requeues itself and resumes from that checkpoint.
+# The trainer gets logging.run_dir, launch.num_nodes, rollout.sglang.server_addresses (and
+# parallel.world_size when the config leaves it open) after the arguments; learner rank 0
+# publishes its own address for the weight-update group. Preemption: Slurm sends USR1 10 minutes
+# before the limit; the learner checkpoints and exits 124, and the job requeues itself and
+# resumes from that checkpoint.
 #SBATCH --job-name=gspo-30b
 #SBATCH --nodes=4
 #SBATCH --ntasks-per-node=1
@@ -42,18 +40,13 @@
 set -euo pipefail
 
 GSPO_REPO=${GSPO_REPO:-${SLURM_SUBMIT_DIR:-$(pwd)}}
+GSPO_SCRIPT=slurm/gspo_30b.sh
+GSPO_JOB_NAME=gspo-30b
 GSPO_PROFILE=gpu
+GSPO_PROFILE_OVERRIDES=()
 GSPO_CONFIG=${GSPO_CONFIG:-configs/qwen3_30b_a3b_gspo.yaml}
-GSPO_MODE=${GSPO_MODE:-disaggregated}
-GSPO_NUM_LEARNER_NODES=${GSPO_NUM_LEARNER_NODES:-2}
-GSPO_PROCS_PER_NODE=${GSPO_PROCS_PER_NODE:-8}
-GSPO_SERVERS_PER_NODE=${GSPO_SERVERS_PER_NODE:-2}
-GSPO_SGLANG_TP=${GSPO_SGLANG_TP:-4}
-GSPO_SERVER_PORT=${GSPO_SERVER_PORT:-30000}
-GSPO_HF_DIR=${GSPO_HF_DIR:-/models/Qwen3-30B-A3B}
 GSPO_PYTHON=${GSPO_PYTHON:-python}
-GSPO_SGLANG_PYTHON=${GSPO_SGLANG_PYTHON:-/opt/sglang/bin/python}
-export GSPO_REPO GSPO_PROFILE GSPO_SGLANG_TP GSPO_PYTHON GSPO_SGLANG_PYTHON
+export GSPO_REPO GSPO_PROFILE GSPO_PYTHON
 cd "$GSPO_REPO"
 # shellcheck source=slurm/lib.sh
 source "$GSPO_REPO/slurm/lib.sh"

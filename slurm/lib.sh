@@ -1,6 +1,7 @@
 # shellcheck shell=bash
-# Shared functions of the slurm/ job scripts: run directory and logs, node split, srun steps
-# (bare or in a pyxis container), health waits, step supervision, preemption and requeue.
+# Shared functions of the slurm/ job scripts: run directory and logs, srun steps (bare or in a
+# pyxis container; printed instead in a dry run), health waits, step supervision, preemption and
+# requeue. Where each step runs is decided in Python (gspo_megatron/launch, slurm/train_job.sh).
 #
 # Sourced by slurm/gspo_30b.sh, slurm/tiny_cpu.sh (with slurm/train_job.sh), slurm/convert.sh
 # and slurm/export.sh; it defines functions only. Supervision rule: the job has one main step
@@ -60,6 +61,15 @@ gspo_setup_run_dir() {
   GSPO_RUN_DIR=${GSPO_RUN_DIR:-${SLURM_SUBMIT_DIR}/runs/${SLURM_JOB_NAME}-${job_key}}
   GSPO_RESTART=${SLURM_RESTART_COUNT:-0}
   GSPO_LOG_DIR="${GSPO_RUN_DIR}/logs/${job_key}"
+  if ((${GSPO_DRY_RUN:-0})); then
+    # Nothing is written under the run directory; the plan goes to a scratch folder.
+    # shellcheck disable=SC2034  # read by slurm/train_job.sh
+    GSPO_PLAN_DIR=$(mktemp -d "${TMPDIR:-/tmp}/gspo-dry-run.XXXXXX")
+    export GSPO_RUN_DIR GSPO_LOG_DIR GSPO_RESTART
+    return 0
+  fi
+  # shellcheck disable=SC2034  # read by slurm/train_job.sh
+  GSPO_PLAN_DIR=$GSPO_LOG_DIR
   mkdir -p "$GSPO_LOG_DIR" || {
     echo "error: cannot create the log directory $GSPO_LOG_DIR" >&2
     exit 1
@@ -87,48 +97,25 @@ gspo_node_addr() {
   printf '%s\n' "${addr:-$1}"
 }
 
-# gspo_split_nodes MODE NUM_LEARNER_NODES NUM_ROLLOUT_NODES -> GSPO_LEARNER_NODES, GSPO_ROLLOUT_NODES.
-# colocated: every node runs both. disaggregated: the first NUM_LEARNER nodes learn, the next
-# NUM_ROLLOUT serve (NUM_ROLLOUT defaults to the rest).
-gspo_split_nodes() {
-  local mode=$1 num_learn=${2:-} num_roll=${3:-} total
-  mapfile -t GSPO_NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-  total=${#GSPO_NODES[@]}
-  case $mode in
-    colocated)
-      GSPO_LEARNER_NODES=("${GSPO_NODES[@]}")
-      GSPO_ROLLOUT_NODES=("${GSPO_NODES[@]}")
-      ;;
-    disaggregated)
-      [[ $num_learn =~ ^[1-9][0-9]*$ ]] \
-        || gspo_fail 2 "GSPO_NUM_LEARNER_NODES must be a positive integer in disaggregated mode, got '$num_learn'"
-      num_roll=${num_roll:-$((total - num_learn))}
-      [[ $num_roll =~ ^[1-9][0-9]*$ ]] \
-        || gspo_fail 2 "disaggregated mode needs at least one rollout node (job has $total nodes, $num_learn for learners)"
-      ((num_learn + num_roll <= total)) || gspo_fail 2 "disaggregated layout needs $num_learn learner \
-+ $num_roll rollout nodes, the job has $total (sbatch --nodes=$((num_learn + num_roll)))"
-      ((num_learn + num_roll == total)) \
-        || gspo_log "warning: $((total - num_learn - num_roll)) node(s) of the job stay unused"
-      GSPO_LEARNER_NODES=("${GSPO_NODES[@]:0:num_learn}")
-      GSPO_ROLLOUT_NODES=("${GSPO_NODES[@]:num_learn:num_roll}")
-      ;;
-    *) gspo_fail 2 "GSPO_MODE must be 'colocated' or 'disaggregated', got '$mode'" ;;
-  esac
-  gspo_log "$mode: learner nodes ${GSPO_LEARNER_NODES[*]}; rollout nodes ${GSPO_ROLLOUT_NODES[*]}"
-}
-
-# srun options that put a step into the pyxis container when GSPO_CONTAINER_IMAGE is set.
+# srun options that put a step into the pyxis container when GSPO_CONTAINER_IMAGE is set. Mounts:
+# GSPO_MOUNTS (the launch plan's, derived from the config) when set, else the repository, the
+# run directory and GSPO_EXTRA_MOUNT_PATHS (a stage's own inputs and outputs), plus the
+# GSPO_CONTAINER_MOUNTS entries.
 gspo_container_args() {
   GSPO_CONTAINER_ARGS=()
-  if [[ -n ${GSPO_CONTAINER_IMAGE:-} ]]; then
-    # Named: each node unpacks the image once per job and later steps reuse it.
-    GSPO_CONTAINER_ARGS=("--container-image=${GSPO_CONTAINER_IMAGE}" "--container-name=gspo"
-      "--container-workdir=${GSPO_REPO}")
-    local mounts="${GSPO_REPO}:${GSPO_REPO},${GSPO_RUN_DIR}:${GSPO_RUN_DIR}"
-    GSPO_CONTAINER_ARGS+=("--container-mounts=${GSPO_CONTAINER_MOUNTS:-$mounts}")
+  [[ -n ${GSPO_CONTAINER_IMAGE:-} ]] || return 0
+  local mounts=${GSPO_MOUNTS:-} path
+  if [[ -z $mounts ]]; then
+    mounts="${GSPO_REPO}:${GSPO_REPO},${GSPO_RUN_DIR}:${GSPO_RUN_DIR}"
+    for path in "${GSPO_EXTRA_MOUNT_PATHS[@]}"; do mounts+=",${path}:${path}"; done
+    if [[ -n ${GSPO_CONTAINER_MOUNTS:-} ]]; then mounts+=",${GSPO_CONTAINER_MOUNTS}"; fi
   fi
+  # Named: each node unpacks the image once per job and later steps reuse it.
+  GSPO_CONTAINER_ARGS=("--container-image=${GSPO_CONTAINER_IMAGE}" "--container-name=gspo"
+    "--container-workdir=${GSPO_REPO}" "--container-mounts=${mounts}")
 }
 
+GSPO_EXTRA_MOUNT_PATHS=()
 GSPO_STEP_PIDS=()
 GSPO_STEP_NAMES=()
 GSPO_MAIN_PID=""
@@ -137,7 +124,7 @@ GSPO_REQUEUED=0
 GSPO_USR1_SENT_AT=0
 
 # gspo_start_step main|service NAME SRUN_OPTIONS... -- COMMAND...: one srun step in the
-# background, its output in $GSPO_LOG_DIR/NAME.r<restart>.log.
+# background, its output in $GSPO_LOG_DIR/NAME.r<restart>.log. A dry run prints the srun line.
 gspo_start_step() {
   local role=$1 name=$2 opts=()
   shift 2
@@ -147,13 +134,26 @@ gspo_start_step() {
   done
   shift
   gspo_container_args
-  srun --overlap --kill-on-bad-exit=1 --job-name="$name" \
-    --output="${GSPO_LOG_DIR}/${name}.r${GSPO_RESTART}.log" \
-    "${GSPO_CONTAINER_ARGS[@]}" "${opts[@]}" "$@" &
+  local cmd=(srun --overlap --kill-on-bad-exit=1 --job-name="$name"
+    --output="${GSPO_LOG_DIR}/${name}.r${GSPO_RESTART}.log" "${GSPO_CONTAINER_ARGS[@]}" "${opts[@]}" "$@")
+  if ((${GSPO_DRY_RUN:-0})); then
+    gspo_print_command "${cmd[@]}"
+    return 0
+  fi
+  "${cmd[@]}" &
   GSPO_STEP_PIDS+=("$!")
   GSPO_STEP_NAMES+=("$name")
   if [[ $role == main ]]; then GSPO_MAIN_PID=$!; fi
   gspo_log "started $role step '$name' (srun pid $!): $*"
+}
+
+# One command line on stdout, each argument quoted only when the shell needs it (a dry run).
+gspo_print_command() {
+  local arg words=()
+  for arg in "$@"; do
+    if [[ $arg =~ ^[A-Za-z0-9_@%+=:,./-]+$ ]]; then words+=("$arg"); else words+=("${arg@Q}"); fi
+  done
+  printf '%s\n' "${words[*]}"
 }
 
 gspo_any_step_alive() {
@@ -278,6 +278,10 @@ gspo_supervise() {
 gspo_wait_healthy() {
   local timeout=$1 pending deadline i code log
   shift
+  if ((${GSPO_DRY_RUN:-0})); then
+    printf '# then wait up to %ss for: %s\n' "$timeout" "$*"
+    return 0
+  fi
   pending=("$@")
   deadline=$((SECONDS + timeout))
   while ((${#pending[@]})); do
@@ -330,12 +334,6 @@ gspo_export_runtime_env() {
 gspo_cpus_per_task() {
   local cpus=$((${SLURM_CPUS_ON_NODE:-1} / $1))
   echo $((cpus > 0 ? cpus : 1))
-}
-
-gspo_join() {
-  local IFS=$1
-  shift
-  printf '%s' "$*"
 }
 
 # Entry point of slurm/convert.sh and slurm/export.sh (after gspo_setup_run_dir): one process

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# CPU profile of slurm/gspo_30b.sh: the tiny config on one CPU node, the reference rollout
-# server (HTTP stand-in for SGLang) next to a one-process learner. Same code path, no GPUs.
+# CPU profile of slurm/gspo_30b.sh: the tiny config on CPU nodes, reference rollout servers (the
+# HTTP stand-in for SGLang) next to one-process learners. Same code path, no GPUs.
 #
 #   sbatch slurm/tiny_cpu.sh [config.overrides ...]
 #   two nodes, learner on one and the server on the other:
-#   sbatch --nodes=2 --export=ALL,GSPO_MODE=disaggregated,GSPO_NUM_LEARNER_NODES=1 slurm/tiny_cpu.sh
+#   sbatch --nodes=2 slurm/tiny_cpu.sh rollout.mode=disaggregated launch.num_learner_nodes=1
+#   in-process engine, no servers: sbatch slurm/tiny_cpu.sh rollout.engine=embedded
+#   slurm/tiny_cpu.sh --dry-run --nodelist node1 [overrides]
 #
-# Settings as in slurm/gspo_30b.sh, with these defaults: GSPO_CONFIG=configs/tiny_cpu.yaml,
-# GSPO_MODE=colocated, GSPO_PROCS_PER_NODE=1, GSPO_SERVERS_PER_NODE=1, GSPO_SERVER_PORT=31000,
-# GSPO_PYTHON=python3. GSPO_HF_DIR (the model the server loads first) must be set when
-# GSPO_SERVERS_PER_NODE > 0; set GSPO_SERVERS_PER_NODE=0 for the in-process embedded engine.
-# GSPO_TRAIN_ENTRY / GSPO_ROLLOUT_ENTRY replace the python entry points (tests use stand-ins).
+# Settings as in slurm/gspo_30b.sh. The CPU profile starts from these overrides (yours come after
+# them and win): launch.devices_per_node=1 (one learner process and one server per node),
+# rollout.engine=reference, rollout.weight_sync.transport=nccl (gloo between processes),
+# rollout.sglang.port=31000. GSPO_CONFIG defaults to configs/tiny_cpu.yaml, GSPO_PYTHON to
+# python3. GSPO_TRAIN_ENTRY / GSPO_ROLLOUT_ENTRY replace the python entry points (tests use
+# stand-ins).
 #SBATCH --job-name=gspo-tiny-cpu
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
@@ -23,12 +26,12 @@
 set -euo pipefail
 
 GSPO_REPO=${GSPO_REPO:-${SLURM_SUBMIT_DIR:-$(pwd)}}
+GSPO_SCRIPT=slurm/tiny_cpu.sh
+GSPO_JOB_NAME=gspo-tiny-cpu
 GSPO_PROFILE=cpu
+GSPO_PROFILE_OVERRIDES=(launch.devices_per_node=1 rollout.engine=reference
+  rollout.weight_sync.transport=nccl rollout.sglang.port=31000)
 GSPO_CONFIG=${GSPO_CONFIG:-configs/tiny_cpu.yaml}
-GSPO_MODE=${GSPO_MODE:-colocated}
-GSPO_PROCS_PER_NODE=${GSPO_PROCS_PER_NODE:-1}
-GSPO_SERVERS_PER_NODE=${GSPO_SERVERS_PER_NODE:-1}
-GSPO_SERVER_PORT=${GSPO_SERVER_PORT:-31000}
 GSPO_PYTHON=${GSPO_PYTHON:-python3}
 export GSPO_REPO GSPO_PROFILE GSPO_PYTHON
 cd "$GSPO_REPO"

@@ -1,78 +1,160 @@
 # shellcheck shell=bash
-# The training job of slurm/gspo_30b.sh (GPU) and slurm/tiny_cpu.sh (CPU profile): split the
-# nodes, start the rollout servers and wait for their health, start the learners with srun +
-# torchrun (rendezvous on the first learner node), hand the trainer the server addresses and
-# the weight-sync address, then supervise (slurm/lib.sh, which this file needs sourced first).
+# The training job of slurm/gspo_30b.sh (GPU) and slurm/tiny_cpu.sh (CPU profile). The shell
+# gathers the allocation (node names and Slurm NodeAddrs) and hands it, with the config and the
+# overrides, to `python -m gspo_megatron.launch`, which validates the config against the
+# allocation and writes the launch plan: which nodes learn and serve, every server's command
+# line (TP/DP/EP, port, devices: from rollout.sglang, the same values the trainer sizes the
+# weight-update group with), the torchrun command and the container mounts. The shell then
+# starts the servers, waits for their health, starts the learners and supervises
+# (slurm/lib.sh, which this file needs sourced first). `--dry-run` prints all of it instead.
 
-# Start GSPO_SERVERS_PER_NODE servers on every rollout node, wait for /health, and set
-# GSPO_SERVER_ADDRESSES (host:port list) for the trainer.
-gspo_start_rollout_servers() {
-  local per_node=$1 node addr i urls=()
-  GSPO_SERVER_ADDRESSES=()
-  ((per_node > 0)) || return 0
-  [[ -n ${GSPO_HF_DIR:-} ]] || gspo_fail 2 "GSPO_HF_DIR (the model the rollout servers load) is not set"
-  for node in "${GSPO_ROLLOUT_NODES[@]}"; do
-    addr=$(gspo_node_addr "$node")
-    for ((i = 0; i < per_node; i++)); do
-      GSPO_SERVER_ADDRESSES+=("${addr}:$((GSPO_SERVER_PORT + i))")
-      urls+=("http://${addr}:$((GSPO_SERVER_PORT + i))/health")
-    done
+# Settings that used to be environment variables; the config now holds each (one source).
+# shellcheck disable=SC2153  # the keys are names, not variables read here
+readonly -A GSPO_RETIRED_SETTINGS=(
+  [GSPO_MODE]="rollout.mode"
+  [GSPO_NUM_LEARNER_NODES]="launch.num_learner_nodes"
+  [GSPO_NUM_ROLLOUT_NODES]="launch.num_nodes - launch.num_learner_nodes (the job's other nodes)"
+  [GSPO_PROCS_PER_NODE]="launch.devices_per_node"
+  [GSPO_SERVERS_PER_NODE]="rollout.sglang.num_servers, tp, dp (rollout.engine=embedded: none)"
+  [GSPO_SGLANG_TP]="rollout.sglang.tp"
+  [GSPO_SERVER_PORT]="rollout.sglang.port"
+  [GSPO_SGLANG_MEM_FRACTION]="rollout.sglang.mem_fraction_static"
+  [GSPO_HEALTH_TIMEOUT_S]="rollout.sglang.health_timeout_s"
+  [GSPO_SGLANG_PYTHON]="GSPO_PYTHON (learners and servers share one interpreter)"
+  [GSPO_WEIGHT_SYNC_ADDR]="nothing: learner rank 0 publishes its own address"
+)
+
+gspo_refuse_retired_settings() {
+  local name
+  for name in "${!GSPO_RETIRED_SETTINGS[@]}"; do
+    if [[ -n ${!name:-} ]]; then
+      gspo_fail 2 "$name is no longer read; set ${GSPO_RETIRED_SETTINGS[$name]} instead"
+    fi
   done
-  export GSPO_SERVER_PORT GSPO_HF_DIR
-  gspo_start_step service rollout --nodes="${#GSPO_ROLLOUT_NODES[@]}" \
-    --ntasks="$((${#GSPO_ROLLOUT_NODES[@]} * per_node))" --ntasks-per-node="$per_node" \
-    --cpus-per-task="$(gspo_cpus_per_task "$per_node")" \
-    --nodelist="$(gspo_join , "${GSPO_ROLLOUT_NODES[@]}")" -- bash "$GSPO_REPO/slurm/rollout_server.sh"
-  gspo_wait_healthy "${GSPO_HEALTH_TIMEOUT_S:-900}" "${urls[@]}"
 }
 
-# Entry point of slurm/gspo_30b.sh and slurm/tiny_cpu.sh: servers, then learners, then supervise.
-# Arguments are config overrides (dot-list) for the trainer.
+# --node NAME=ADDR for every node of the job, in Slurm's order (a dry run may pass a host list).
+gspo_node_args() {
+  local node
+  GSPO_NODE_ARGS=()
+  if [[ -n ${GSPO_DRY_NODELIST:-} ]]; then
+    GSPO_NODE_ARGS=(--nodelist "$GSPO_DRY_NODELIST")
+    return 0
+  fi
+  [[ -n ${SLURM_JOB_NODELIST:-} ]] || gspo_fail 2 "no allocation: SLURM_JOB_NODELIST is unset (a dry run takes --nodelist)"
+  mapfile -t GSPO_NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+  for node in "${GSPO_NODES[@]}"; do GSPO_NODE_ARGS+=(--node "${node}=$(gspo_node_addr "$node")"); done
+}
+
+# Run the planner (in the container when there is one: it needs the image's Python) and source
+# the plan. Arguments: config overrides.
+gspo_launch_plan() {
+  local derived=("logging.run_dir=${GSPO_RUN_DIR}") args cmd out rc=0
+  if [[ -n ${GSPO_HF_DIR:-} ]]; then derived+=("model.hf_path=${GSPO_HF_DIR}"); fi
+  if [[ -n ${GSPO_LOAD_DIR:-} ]]; then derived+=("checkpoint.load_dir=${GSPO_LOAD_DIR}"); fi
+  gspo_node_args
+  GSPO_LAUNCH_PLAN="${GSPO_PLAN_DIR}/launch_plan.r${GSPO_RESTART}.json"
+  args=(--config "$GSPO_CONFIG" --repo "$GSPO_REPO" --python "$GSPO_PYTHON" --job-id "${SLURM_JOB_ID}"
+    --restart "$GSPO_RESTART" --cpus-per-node "${SLURM_CPUS_ON_NODE:-1}" "${GSPO_NODE_ARGS[@]}"
+    --train-entry "${GSPO_TRAIN_ENTRY:--m gspo_megatron.cli.train}" --rollout-entry "${GSPO_ROLLOUT_ENTRY:-}"
+    --sglang-extra-args "${GSPO_SGLANG_EXTRA_ARGS:-}" --user-mounts "${GSPO_CONTAINER_MOUNTS:-}"
+    --out-sh "${GSPO_PLAN_DIR}/launch_plan.r${GSPO_RESTART}.sh" --out-json "$GSPO_LAUNCH_PLAN")
+  if [[ $GSPO_PROFILE == gpu && -n ${SLURM_GPUS_ON_NODE:-} ]]; then args+=(--devices-on-node "$SLURM_GPUS_ON_NODE"); fi
+  if [[ -n ${GSPO_RDZV_PORT:-} ]]; then args+=(--rdzv-port "$GSPO_RDZV_PORT"); fi
+  cmd=("$GSPO_PYTHON" -m gspo_megatron.launch "${args[@]}" -- "$@" "${derived[@]}")
+  gspo_container_args
+  if ((${#GSPO_CONTAINER_ARGS[@]})); then
+    cmd=(srun --overlap --nodes=1 --ntasks=1 --job-name=plan --nodelist="${SLURMD_NODENAME:-$(hostname)}"
+      "${GSPO_CONTAINER_ARGS[@]}" "${cmd[@]}")
+  fi
+  if ((${GSPO_DRY_RUN:-0})); then
+    printf '# the launch plan (%s):\n' "$GSPO_LAUNCH_PLAN"
+    gspo_print_command "${cmd[@]}"
+    cmd=("$GSPO_PYTHON" -m gspo_megatron.launch "${args[@]}" -- "$@" "${derived[@]}")
+  fi
+  out=$("${cmd[@]}" 2>&1) || rc=$?
+  if ((rc != 0)); then
+    gspo_fail "$((rc == 2 ? 2 : 1))" "the launch plan refused the job (config $GSPO_CONFIG):
+$out"
+  fi
+  # shellcheck source=/dev/null
+  source "${GSPO_PLAN_DIR}/launch_plan.r${GSPO_RESTART}.sh"
+  export GSPO_LAUNCH_PLAN
+}
+
+# Every container mount source exists on this node (pyxis would fail each step less clearly).
+gspo_check_mounts() {
+  local i
+  [[ -n ${GSPO_CONTAINER_IMAGE:-} ]] && ! ((${GSPO_DRY_RUN:-0})) || return 0
+  for i in "${!GSPO_MOUNT_SOURCES[@]}"; do
+    [[ -e ${GSPO_MOUNT_SOURCES[$i]} ]] || gspo_fail 2 "container mount ${GSPO_MOUNT_SOURCES[$i]} \
+(${GSPO_MOUNT_ORIGINS[$i]}) does not exist on $(hostname)"
+  done
+}
+
+gspo_print_dry_run_header() {
+  local name
+  printf '# dry run of %s: job %s on %s; nothing is started\n' "$GSPO_SCRIPT" "$SLURM_JOB_ID" \
+    "${GSPO_DRY_NODELIST:-${SLURM_JOB_NODELIST:-?}}"
+  printf '# environment of every step:\n'
+  while read -r name; do
+    printf 'export %s=%q\n' "$name" "${!name}"
+  done < <(compgen -e | grep -E '^(CUDA_|NCCL_|TORCH_NCCL_|GLOO_|OMP_|PYTHONUNBUFFERED$|GSPO_)' | sort)
+}
+
+# Entry point of slurm/gspo_30b.sh and slurm/tiny_cpu.sh. Arguments: [--dry-run [--nodelist
+# LIST]] then config overrides (dot-list) for the trainer.
 gspo_train_main() {
-  local head port world nproc entry derived=()
-  gspo_require_slurm
+  local overrides=()
+  while (($#)); do
+    case $1 in
+      --dry-run) GSPO_DRY_RUN=1 ;;
+      --nodelist) GSPO_DRY_NODELIST=${2:?--nodelist needs a host list}; shift ;;
+      --nodelist=*) GSPO_DRY_NODELIST=${1#*=} ;;
+      *) overrides+=("$1") ;;
+    esac
+    shift
+  done
+  if ((${GSPO_DRY_RUN:-0})); then
+    SLURM_JOB_ID=${SLURM_JOB_ID:-0} SLURM_JOB_NAME=${SLURM_JOB_NAME:-$GSPO_JOB_NAME}
+    SLURM_SUBMIT_DIR=${SLURM_SUBMIT_DIR:-$GSPO_REPO}
+  else
+    [[ -z ${GSPO_DRY_NODELIST:-} ]] || gspo_fail 2 "--nodelist is for --dry-run only (a job uses its allocation)"
+    gspo_require_slurm
+  fi
   gspo_setup_run_dir
   gspo_install_traps
+  gspo_refuse_retired_settings
   gspo_grid_overrides
   [[ $GSPO_PROFILE == gpu || $GSPO_PROFILE == cpu ]] || gspo_fail 2 "GSPO_PROFILE must be gpu or cpu, got '$GSPO_PROFILE'"
   [[ -r $GSPO_CONFIG ]] || gspo_fail 2 "config file not found: $GSPO_CONFIG"
   gspo_export_runtime_env
-  gspo_split_nodes "${GSPO_MODE:?}" "${GSPO_NUM_LEARNER_NODES:-}" "${GSPO_NUM_ROLLOUT_NODES:-}"
-  gspo_start_rollout_servers "${GSPO_SERVERS_PER_NODE:-0}"
-
-  head=$(gspo_node_addr "${GSPO_LEARNER_NODES[0]}")
-  port=${GSPO_RDZV_PORT:-$((29500 + SLURM_JOB_ID % 1000))}
-  # Learner rank 0 opens the weight-sync group with the servers at this address (its port is
-  # picked free by the trainer).
-  export GSPO_WEIGHT_SYNC_ADDR=$head
-  nproc=${GSPO_PROCS_PER_NODE:?GSPO_PROCS_PER_NODE is not set}
-  world=$((${#GSPO_LEARNER_NODES[@]} * nproc))
-  derived=("logging.run_dir=${GSPO_RUN_DIR}" "parallel.world_size=${world}" "rollout.mode=${GSPO_MODE}")
-  if ((${#GSPO_SERVER_ADDRESSES[@]})); then
-    derived+=("rollout.sglang.server_addresses=[$(gspo_join , "${GSPO_SERVER_ADDRESSES[@]}")]")
-    # A CPU server is another process even on the learner's node: no CUDA IPC, so weights go
-    # over the broadcast group (gloo on CPU) in both placements.
-    if [[ $GSPO_PROFILE == cpu ]]; then
-      derived+=("rollout.engine=reference" "rollout.weight_sync.transport=nccl")
+  if ((${GSPO_DRY_RUN:-0})); then gspo_print_dry_run_header; fi
+  gspo_launch_plan "${GSPO_PROFILE_OVERRIDES[@]}" "${overrides[@]}" "${GSPO_GRID_OVERRIDES[@]}"
+  gspo_check_mounts
+  gspo_log "learner nodes ${GSPO_LEARNER_NODES[*]}; rollout nodes ${GSPO_ROLLOUT_NODES[*]:-none}"
+  if ((${GSPO_DRY_RUN:-0})); then printf '# %s\n' "${GSPO_PLAN_NOTES[@]}"; fi
+  if ((${#GSPO_HEALTH_URLS[@]})); then
+    if ((${GSPO_DRY_RUN:-0})); then
+      printf '# the rollout servers, one task each:\n'
+      printf '#   %s\n' "${GSPO_SERVER_LINES[@]}"
     fi
+    gspo_start_step service rollout "${GSPO_ROLLOUT_SRUN[@]}" -- bash "$GSPO_REPO/slurm/rollout_server.sh"
+    gspo_wait_healthy "$GSPO_HEALTH_TIMEOUT_S" "${GSPO_HEALTH_URLS[@]}"
   fi
-  if [[ -n ${GSPO_HF_DIR:-} ]]; then derived+=("model.hf_path=${GSPO_HF_DIR}"); fi
-  if [[ -n ${GSPO_LOAD_DIR:-} ]]; then derived+=("checkpoint.load_dir=${GSPO_LOAD_DIR}"); fi
   if ((GSPO_PREEMPTED == 1)); then
     # The warning came while the servers started: nothing to save yet, come back later.
     gspo_stop_steps
     gspo_requeue "SIGUSR1 before the learner started"
   fi
-  read -r -a entry <<<"${GSPO_TRAIN_ENTRY:--m gspo_megatron.cli.train}"
   # torchrun dies on SIGUSR1 by default; it ignores it here (the ignore is inherited), and the
   # trainer installs its own handler, so a forwarded USR1 reaches exactly the training ranks.
-  gspo_start_step main learner --nodes="${#GSPO_LEARNER_NODES[@]}" \
-    --ntasks="${#GSPO_LEARNER_NODES[@]}" --ntasks-per-node=1 --cpus-per-task="$(gspo_cpus_per_task 1)" \
-    --nodelist="$(gspo_join , "${GSPO_LEARNER_NODES[@]}")" -- \
-    bash -c 'trap "" USR1; exec "$@"' gspo-learner \
-    "$GSPO_PYTHON" -m torch.distributed.run --nnodes="${#GSPO_LEARNER_NODES[@]}" \
-    --nproc-per-node="$nproc" --rdzv-backend=c10d --rdzv-endpoint="${head}:${port}" \
-    --rdzv-id="${SLURM_JOB_ID}-r${GSPO_RESTART}" --max-restarts=0 \
-    "${entry[@]}" "$GSPO_CONFIG" "$@" "${GSPO_GRID_OVERRIDES[@]}" "${derived[@]}"
+  if ((${GSPO_DRY_RUN:-0})); then printf '# the learners (torchrun numbers the ranks at rendezvous):\n'; fi
+  gspo_start_step main learner "${GSPO_LEARNER_SRUN[@]}" -- \
+    bash -c 'trap "" USR1; exec "$@"' gspo-learner "${GSPO_LEARNER_ARGV[@]}"
+  if ((${GSPO_DRY_RUN:-0})); then
+    rm -rf "$GSPO_PLAN_DIR"
+    exit 0
+  fi
   gspo_supervise
 }

@@ -1,5 +1,6 @@
 """Policy losses: GSPO's Eq. 10 gradient, GSPO-token == GSPO, clipping <=> zero gradient, GRPO
-aggregations, KL / entropy / TIS options, metrics, errors, and (slow) CP=2 against one rank."""
+aggregations, KL / entropy / TIS options, metrics, errors, and (slow) CP=2 against one rank; the
+SFT loss's token mean over the whole mini-batch, split-invariant."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def _grad(out, logp):
 
 def test_registry_selects_by_name_and_lists_names_on_error():
     assert get_policy_loss("gspo") is not get_policy_loss("grpo")
-    with pytest.raises(ValueError, match="registered: grpo, gspo, gspo_token"):
+    with pytest.raises(ValueError, match="registered: grpo, gspo, gspo_token, sft"):
         get_policy_loss("ppo")
     with pytest.raises(ValueError, match="already registered"):
         register_policy_loss("gspo")(lambda inputs, cfg: None)
@@ -276,3 +277,34 @@ def test_cp2_split_sequences_equal_single_rank():
             assert max(abs(d) for d in r["ratio"]) < 1e-6 and abs(r["clip"]) < 1e-9, (name, r)
             assert r["by_length"] < 1e-6, (name, r)
         assert 0 < res["gspo"]["clipped_any"] < 1
+
+
+def _sft_inputs(lp: torch.Tensor, seq_index: torch.Tensor, total_tokens: int) -> PolicyLossInputs:
+    num_seqs = int(seq_index.max()) + 1
+    return PolicyLossInputs(logprobs=lp, old_logprobs=lp.detach(), advantages=torch.zeros_like(lp),
+                            seq_index=seq_index, num_seqs=num_seqs,
+                            seq_token_counts=torch.bincount(seq_index, minlength=num_seqs),
+                            global_num_seqs=3, global_num_tokens=total_tokens)
+
+
+def test_sft_split_micro_batches_sum_to_the_whole_batch_loss_and_gradient():
+    sft = get_policy_loss("sft")
+    lp = -torch.rand(10, dtype=torch.float64) * 3
+    whole_lp = lp.clone().requires_grad_(True)
+    whole = sft(_sft_inputs(whole_lp, torch.tensor([0] * 4 + [1] * 3 + [2] * 3), 10))
+    whole.loss.backward()
+    parts_lp = lp.clone().requires_grad_(True)
+    a = sft(_sft_inputs(parts_lp[:4], torch.zeros(4, dtype=torch.int64), 10))
+    b = sft(_sft_inputs(parts_lp[4:], torch.tensor([0] * 3 + [1] * 3), 10))
+    (a.loss + b.loss).backward()
+    assert float(whole.loss) == pytest.approx(float(-lp.mean()))
+    assert float(a.loss + b.loss) == pytest.approx(float(whole.loss))
+    assert torch.allclose(parts_lp.grad, whole_lp.grad)
+    assert torch.allclose(whole_lp.grad, torch.full((10,), -0.1, dtype=torch.float64))
+    merged = metrics_to_floats(accumulate_metrics(accumulate_metrics({}, a.metrics), b.metrics))
+    assert merged["sft_nll"] == pytest.approx(float(-lp.mean()))
+
+
+def test_sft_refuses_an_empty_mini_batch():
+    with pytest.raises(ValueError, match="global_num_tokens must be > 0"):
+        get_policy_loss("sft")(_sft_inputs(torch.zeros(1), torch.zeros(1, dtype=torch.int64), 0))

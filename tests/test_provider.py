@@ -114,3 +114,39 @@ def test_vocab_padding_and_a_real_dense_transformer_config():
     dense = model_config_from_hf(HF_DENSE, base=ModelConfig(params_dtype="fp32"))
     cfg = build_transformer_config(dense, ParallelConfig(), on_gpu=False)
     assert cfg.num_moe_experts is None and cfg.kv_channels == 8 and cfg.ffn_hidden_size == 48
+
+
+def test_moe_router_runs_without_transformer_engine_in_a_fresh_interpreter():
+    """Megatron 0.16.1 leaves ``te_general_gemm`` undefined without TE (NameError in the router);
+    building a local MoE layer spec defines it, with no CPU compatibility layer applied."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import torch
+        import megatron.core.transformer.moe.moe_utils as mu
+        from gspo_megatron.config.schema import ModelConfig, ParallelConfig
+        from gspo_megatron.distributed.cpu_compat import cpu_compat_applied
+        from gspo_megatron.distributed.runtime import free_port
+        from gspo_megatron.model.provider import build_layer_spec, build_transformer_config
+        x, w = torch.randn(3, 4), torch.randn(2, 4)
+        try:
+            mu.router_gating_linear(x, w, None, torch.float32)
+            raise SystemExit("megatron defines te_general_gemm now: drop the workaround")
+        except NameError:
+            pass
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % free_port(),
+                                rank=0, world_size=1)
+        parallel_state.initialize_model_parallel()
+        model = ModelConfig(transformer_impl="local", params_dtype="fp32", num_layers=2)
+        build_layer_spec(model, build_transformer_config(model, ParallelConfig(), on_gpu=False))
+        assert not cpu_compat_applied()
+        out = mu.router_gating_linear(x, w, None, torch.float32)
+        torch.testing.assert_close(out, x @ w.t())
+        print("ok")
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-2000:]

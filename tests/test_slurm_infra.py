@@ -131,7 +131,7 @@ def record(kind, **kw):
 servers = [s for s in overrides.get("rollout.sglang.server_addresses", "[]").strip("[]").split(",") if s]
 record("start", config=sys.argv[1], overrides=overrides, start_step=start, pid=os.getpid(),
        restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")), node=os.environ.get("SLURMD_NODENAME"),
-       world=os.environ.get("WORLD_SIZE"), sync_addr=os.environ.get("GSPO_WEIGHT_SYNC_ADDR"))
+       world=os.environ.get("WORLD_SIZE"), plan=os.environ.get("GSPO_LAUNCH_PLAN"))
 for step in range(start, num_steps):
     if stop:
         json.dump({"step": step}, open(ckpt, "w"))
@@ -236,8 +236,8 @@ def test_pipeline_chain_runs_in_order_with_learner_and_server_on_two_nodes(slurm
     proc = slurm2.run(
         sys.executable, "-m", "pipelines.submit_pipeline", "--profile", "cpu",
         "--config", "configs/tiny_cpu.yaml", "--hf-dir", str(hf_dir), "--run-dir", str(run_dir),
-        "--train-sbatch-arg=--nodes=2", "--", f"trainer.num_steps={num_steps}",
-        GSPO_MODE="disaggregated", GSPO_NUM_LEARNER_NODES="1", FAKE_SERVER_LOG=str(server_log), **standins)
+        "--train-sbatch-arg=--nodes=2", "--", f"trainer.num_steps={num_steps}", "rollout.mode=disaggregated",
+        "launch.num_learner_nodes=1", FAKE_SERVER_LOG=str(server_log), **standins)
     assert proc.returncode == 0, proc.stderr
     record = json.loads((run_dir / "pipeline.json").read_text())
     jobs = {j["name"]: j for j in record["jobs"]}
@@ -261,7 +261,9 @@ def test_pipeline_chain_runs_in_order_with_learner_and_server_on_two_nodes(slurm
     assert stages["export"]["args"][stages["export"]["args"].index("--ckpt") + 1] == str(run_dir / "checkpoints")
     assert (run_dir / "hf_export" / "marker.json").exists()
     # Two nodes: the learner on node1, the server on node2, a weight sync per step between them.
-    assert start["node"] == "node1" and start["world"] == "1" and start["sync_addr"] == "127.0.0.1"
+    assert start["node"] == "node1" and start["world"] == "1" and start["overrides"]["launch.num_nodes"] == "2"
+    plan = json.loads(Path(start["plan"]).read_text())  # the launch plan the job ran
+    assert [(s["node"], s["address"]) for s in plan["servers"]] == [("node2", "127.0.0.1:31000")]
     assert start["overrides"]["rollout.sglang.server_addresses"] == "[127.0.0.1:31000]"
     assert start["overrides"]["rollout.engine"] == "reference"
     requests = read_jsonl(server_log)
@@ -295,8 +297,8 @@ def test_server_crash_fails_the_job_and_stops_the_learner_on_the_other_node(slur
     run_dir = tmp_path / "run"
     job = slurm2.sbatch(
         "--nodes=2", f"--output={tmp_path}/job.out", "slurm/tiny_cpu.sh", "trainer.num_steps=100000",
-        GSPO_RUN_DIR=str(run_dir), GSPO_HF_DIR=str(tmp_path), GSPO_MODE="disaggregated",
-        GSPO_NUM_LEARNER_NODES="1", FAKE_SERVER_LOG=str(tmp_path / "server.jsonl"),
+        "rollout.mode=disaggregated", "launch.num_learner_nodes=1",
+        GSPO_RUN_DIR=str(run_dir), GSPO_HF_DIR=str(tmp_path), FAKE_SERVER_LOG=str(tmp_path / "server.jsonl"),
         FAKE_SERVER_EXIT_ON_SYNC="1", FAKE_STEP_S="0.2", **standins)
     info = slurm2.wait(job)
     assert (info["JobState"], info["ExitCode"]) == ("FAILED", "3:0"), info
@@ -313,7 +315,8 @@ def test_preempted_training_checkpoints_requeues_and_resumes_to_the_full_step_co
     num_steps = 40
     job = slurm1.sbatch(
         f"--output={tmp_path}/job.out", "slurm/tiny_cpu.sh", f"trainer.num_steps={num_steps}",
-        GSPO_RUN_DIR=str(run_dir), GSPO_SERVERS_PER_NODE="0", FAKE_STEP_S="0.1", **standins)
+        "rollout.engine=embedded", "rollout.weight_sync.transport=auto",
+        GSPO_RUN_DIR=str(run_dir), FAKE_STEP_S="0.1", **standins)
     events_path = run_dir / "trainer_events.jsonl"
     wait_for(lambda: events_path.exists() and '"step"' in events_path.read_text(), 90, "the first step")
     # What Slurm does at --signal=B:USR1@T: SIGUSR1 to the batch shell only.

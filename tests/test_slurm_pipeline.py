@@ -13,7 +13,7 @@ import time
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 import pytest
 import torch
@@ -55,10 +55,11 @@ def small_run_overrides(assets: Path) -> List[str]:
 
 
 def run_pipeline(cluster: SlurmCluster, assets: Path, run_dir: Path, extra_args: List[str],
-                 env: Dict[str, str]) -> Dict[str, str]:
+                 env: Dict[str, str], overrides: Sequence[str] = ()) -> Dict[str, str]:
     proc = cluster.run(sys.executable, "-m", "pipelines.submit_pipeline", "--profile", "cpu",
                        "--config", "configs/tiny_cpu.yaml", "--hf-dir", str(assets / "model"),
-                       "--run-dir", str(run_dir), *extra_args, "--", *small_run_overrides(assets), **env)
+                       "--run-dir", str(run_dir), *extra_args, "--", *small_run_overrides(assets), *overrides,
+                       **env)
     assert proc.returncode == 0, proc.stderr
     jobs = {j["name"]: j["job_id"] for j in json.loads((run_dir / "pipeline.json").read_text())["jobs"]}
     for name in ("convert", "train", "export"):
@@ -93,8 +94,8 @@ def test_convert_train_export_of_the_tiny_config_on_one_node(cluster1, tiny_asse
 
 def test_learner_on_node1_and_reference_server_on_node2(cluster2, tiny_assets, tmp_path):
     run_dir = tmp_path / "run"
-    jobs = run_pipeline(cluster2, tiny_assets, run_dir, ["--train-sbatch-arg=--nodes=2"],
-                        {"GSPO_MODE": "disaggregated", "GSPO_NUM_LEARNER_NODES": "1"})
+    jobs = run_pipeline(cluster2, tiny_assets, run_dir, ["--train-sbatch-arg=--nodes=2"], {},
+                        ["rollout.mode=disaggregated", "launch.num_learner_nodes=1"])
     batch = (run_dir / "logs" / jobs["train"] / "batch.log").read_text()
     assert "learner nodes node1; rollout nodes node2" in batch and "healthy: http://127.0.0.1:31000/health" in batch
     assert_trained_and_exported(run_dir, tiny_assets)
@@ -106,8 +107,8 @@ def test_real_trainer_preempted_by_slurm_resumes_to_the_full_step_count(cluster1
     num_steps = 8
     overrides = [o for o in small_run_overrides(tiny_assets) if not o.startswith("trainer.num_steps")]
     job = cluster1.sbatch(f"--output={tmp_path}/job.out", "slurm/tiny_cpu.sh", f"trainer.num_steps={num_steps}",
-                          *overrides, GSPO_RUN_DIR=str(run_dir), GSPO_HF_DIR=str(tiny_assets / "model"),
-                          GSPO_SERVERS_PER_NODE="0")
+                          *overrides, "rollout.engine=embedded", "rollout.weight_sync.transport=auto",
+                          GSPO_RUN_DIR=str(run_dir), GSPO_HF_DIR=str(tiny_assets / "model"))
     metrics = run_dir / "metrics.jsonl"
 
     def trained_steps() -> List[int]:

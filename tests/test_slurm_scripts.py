@@ -1,8 +1,10 @@
 """Static and unit checks of slurm/, tools/slurm_local.sh and the Dockerfile (no Slurm needed).
 
-shellcheck on every script, hadolint on the Dockerfile, and the pure parts of slurm/lib.sh (node
-split, node addresses, "did the learner checkpoint?") run in bash against a fake ``scontrol``.
-The same scripts run for real in tests/test_slurm_infra.py.
+shellcheck on every script, hadolint on the Dockerfile, the pure parts of slurm/lib.sh (node
+addresses, "did the learner checkpoint?"), and the production job itself on four fake nodes
+(fake ``scontrol`` / ``srun`` / ``curl``): its steps, its refusals, and its ``--dry-run``, line by
+line. The launch plan's own logic is tested in tests/test_launch.py; the same scripts run for real
+in tests/test_slurm_infra.py.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Dict
 
 import pytest
 
@@ -35,13 +38,20 @@ def test_every_slurm_script_passes_shellcheck():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_dockerfile_passes_hadolint_and_has_both_targets():
+def test_dockerfile_passes_hadolint_and_builds_one_python_for_learners_and_servers():
     dockerfile = REPO / "Dockerfile"
     proc = subprocess.run([_tool("hadolint"), str(dockerfile)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = dockerfile.read_text()
-    assert "AS gpu" in text and "AS cpu" in text and "nvcr.io/nvidia/pytorch" in text
-    assert "megatron-core==${MEGATRON_CORE_VERSION}" in text and "sglang[all]==${SGLANG_VERSION}" in text
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    assert "AS gpu" in code and "AS cpu" in code
+    assert "ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.23" in code, "the GPU stack starts from SGLang's image"
+    # One interpreter: no second environment for the servers, our pins constrained by the base's.
+    assert "venv" not in code and "/opt/sglang" not in code and "PIP_CONSTRAINT" not in code
+    assert "-c /tmp/base-image.txt -r requirements-gpu.txt" in code
+    assert '"transformer-engine-torch==${TRANSFORMER_ENGINE_VERSION}"' in code
+    assert "ARG TRANSFORMER_ENGINE_VERSION=2.11.0" in code
+    assert "transformer-engine==2.11.0" in (REPO / "requirements-gpu.txt").read_text()
 
 
 def test_production_script_asks_for_the_warning_signal_and_requeue():
@@ -70,35 +80,6 @@ def run_lib(tmp_path: Path, body: str, nodes: str = "n1 n2 n3 n4") -> subprocess
     return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
 
 
-def test_disaggregated_split_gives_first_nodes_to_learners(tmp_path):
-    proc = run_lib(tmp_path, 'gspo_split_nodes disaggregated 3 ""\n'
-                             'echo "${GSPO_LEARNER_NODES[*]}|${GSPO_ROLLOUT_NODES[*]}"')
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "n1 n2 n3|n4"
-
-
-def test_colocated_split_uses_every_node_for_both(tmp_path):
-    proc = run_lib(tmp_path, 'gspo_split_nodes colocated "" ""\necho "${GSPO_LEARNER_NODES[*]}|${GSPO_ROLLOUT_NODES[*]}"')
-    assert proc.stdout.strip() == "n1 n2 n3 n4|n1 n2 n3 n4"
-
-
-@pytest.mark.parametrize("args, message", [
-    ("disaggregated 3 2", "needs 3 learner + 2 rollout nodes, the job has 4 (sbatch --nodes=5)"),
-    ("disaggregated 4 ''", "needs at least one rollout node"),
-    ("disaggregated zero ''", "GSPO_NUM_LEARNER_NODES must be a positive integer"),
-    ("split 1 1", "GSPO_MODE must be 'colocated' or 'disaggregated', got 'split'"),
-])
-def test_impossible_layouts_fail_with_exit_2_and_say_why(tmp_path, args, message):
-    proc = run_lib(tmp_path, f"gspo_split_nodes {args}")
-    assert proc.returncode == 2
-    assert message in proc.stderr
-
-
-def test_unused_nodes_are_reported(tmp_path):
-    proc = run_lib(tmp_path, 'gspo_split_nodes disaggregated 1 2\necho "${GSPO_ROLLOUT_NODES[*]}"')
-    assert proc.stdout.strip() == "n2 n3" and "1 node(s) of the job stay unused" in proc.stderr
-
-
 def test_node_address_comes_from_slurm_node_addr(tmp_path):
     assert run_lib(tmp_path, "gspo_node_addr n3").stdout.strip() == "10.0.0.3"
 
@@ -115,11 +96,17 @@ done""")
     assert proc.stdout.split() == ["yes", "yes", "no", "no", "no"], proc.stderr
 
 
+# srun stand-in: records every call; runs the launch-plan step (it must produce the plan); a
+# server step runs until stopped; a learner step exits with FAKE_LEARNER_EXIT.
 FAKE_SRUN = """#!/usr/bin/env python3
 import json, os, sys, time
 with open(os.environ["FAKE_SRUN_LOG"], "a") as f:
-    keys = ("NCCL_IB_TIMEOUT", "CUDA_DEVICE_MAX_CONNECTIONS", "GSPO_WEIGHT_SYNC_ADDR", "GSPO_SERVER_PORT", "OMP_NUM_THREADS")
+    keys = ("NCCL_IB_TIMEOUT", "CUDA_DEVICE_MAX_CONNECTIONS", "GSPO_WEIGHT_SYNC_ADDR", "GSPO_LAUNCH_PLAN",
+            "GSPO_PYTHON", "OMP_NUM_THREADS")
     f.write(json.dumps({"argv": sys.argv[1:], "pid": os.getpid(), "env": {k: os.environ.get(k) for k in keys}}) + "\\n")
+if "--job-name=plan" in sys.argv:
+    first = next(i for i, a in enumerate(sys.argv) if i and not a.startswith("--"))
+    os.execvp(sys.argv[first], sys.argv[first:])
 if "--job-name=rollout" in sys.argv:
     if os.environ.get("FAKE_ROLLOUT_EXIT"):
         sys.exit(int(os.environ["FAKE_ROLLOUT_EXIT"]))
@@ -134,28 +121,46 @@ if [ -n "$FAKE_CURL_EXIT" ]; then exit "$FAKE_CURL_EXIT"; fi
 grep -q job-name=rollout "$FAKE_SRUN_LOG" 2>/dev/null
 """
 
+GPU_JOB_ENV = dict(SLURM_JOB_NODELIST="n[1-4]", SLURM_JOB_ID="9", SLURM_JOB_NAME="gspo-30b",
+                   SLURM_CPUS_ON_NODE="96", SLURM_GPUS_ON_NODE="8", SLURMD_NODENAME="n1")
 
-def run_gpu_job(tmp_path: Path, *overrides: str, **env: str) -> tuple:
-    """Run slurm/gspo_30b.sh outside Slurm with fake srun / scontrol / curl on 4 nodes n1..n4."""
+
+def job_env(tmp_path: Path, **env: str) -> Dict[str, str]:
+    """A clean environment for slurm/gspo_30b.sh with fake srun / scontrol / curl on 4 nodes n1..n4."""
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
     for name, text in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN), ("curl", FAKE_CURL)):
         (bindir / name).write_text(text)
         (bindir / name).chmod(0o755)
-    log = tmp_path / "srun.jsonl"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "NCCL_", "GSPO_", "OMP_", "CUDA_"))}
-    full_env.update(PATH=f"{bindir}:{os.environ['PATH']}", FAKE_NODES="n1 n2 n3 n4", FAKE_SRUN_LOG=str(log),
-                    SLURM_JOB_NODELIST="n[1-4]", SLURM_JOB_ID="9", SLURM_JOB_NAME="gspo-30b",
-                    SLURM_SUBMIT_DIR=str(REPO), SLURM_CPUS_ON_NODE="96", GSPO_RUN_DIR=str(tmp_path / "run"),
-                    GSPO_KILL_GRACE_S="5", **env)
-    proc = subprocess.run(["bash", str(REPO / "slurm/gspo_30b.sh"), *overrides], env=full_env,
-                          capture_output=True, text=True, timeout=60)
+    full_env.update(PATH=f"{bindir}:{os.environ['PATH']}", FAKE_NODES="n1 n2 n3 n4",
+                    FAKE_SRUN_LOG=str(tmp_path / "srun.jsonl"), SLURM_SUBMIT_DIR=str(REPO),
+                    GSPO_RUN_DIR=str(tmp_path / "run"), GSPO_PYTHON=sys.executable, GSPO_KILL_GRACE_S="5",
+                    **GPU_JOB_ENV)
+    full_env.update(env)
+    return full_env
+
+
+def run_gpu_job(tmp_path: Path, *args: str, **env: str) -> tuple:
+    """Run slurm/gspo_30b.sh outside Slurm; return the process and the recorded srun calls."""
+    proc = subprocess.run(["bash", str(REPO / "slurm/gspo_30b.sh"), *args], env=job_env(tmp_path, **env),
+                          capture_output=True, text=True, timeout=120)
+    log = tmp_path / "srun.jsonl"
     calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    return proc, calls
+    return proc, [c for c in calls if "--job-name=plan" not in c["argv"]]
+
+
+def model_and_data(tmp_path: Path) -> list:
+    """Overrides pointing the production config at a model and data folder that exist here."""
+    for folder in ("models/qwen", "data"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+    return [f"model.hf_path={tmp_path}/models/qwen", f"data.train_path={tmp_path}/data/train.jsonl",
+            f"data.eval_path={tmp_path}/data/test.jsonl"]
 
 
 def test_gpu_job_places_servers_and_learners_and_wires_them(tmp_path):
-    proc, calls = run_gpu_job(tmp_path, "trainer.num_steps=3", GSPO_CONTAINER_IMAGE="/img/gspo.sqsh")
+    proc, calls = run_gpu_job(tmp_path, "trainer.num_steps=3", *model_and_data(tmp_path),
+                              GSPO_CONTAINER_IMAGE="/img/gspo.sqsh")
     assert proc.returncode == 0, proc.stderr
     rollout, learner = calls
     r = rollout["argv"]
@@ -167,24 +172,68 @@ def test_gpu_job_places_servers_and_learners_and_wires_them(tmp_path):
     for opt in ("--nodes=2", "--ntasks=2", "--nodelist=n1,n2", "--cpus-per-task=96", "--nnodes=2",
                 "--nproc-per-node=8", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29509",
                 "gspo_megatron.cli.train", "configs/qwen3_30b_a3b_gspo.yaml", "trainer.num_steps=3",
-                "parallel.world_size=16", "rollout.mode=disaggregated", "model.hf_path=/models/Qwen3-30B-A3B",
-                "rollout.sglang.server_addresses=[10.0.0.3:30000,10.0.0.3:30001,10.0.0.4:30000,10.0.0.4:30001]",
-                f"logging.run_dir={tmp_path / 'run'}", "--container-image=/img/gspo.sqsh"):
+                "launch.num_nodes=4", "rollout.sglang.server_addresses=[10.0.0.3:30000,10.0.0.3:30001,"
+                "10.0.0.4:30000,10.0.0.4:30001]", f"logging.run_dir={tmp_path / 'run'}",
+                "--container-image=/img/gspo.sqsh"):
         assert opt in a, opt
-    assert a.index("trainer.num_steps=3") < a.index("parallel.world_size=16"), "script-derived overrides go last"
-    assert "rollout.engine=reference" not in a
+    assert a.index("trainer.num_steps=3") < a.index("launch.num_nodes=4"), "script-derived overrides go last"
+    plan_path = learner["env"].pop("GSPO_LAUNCH_PLAN")
     assert learner["env"] == {"NCCL_IB_TIMEOUT": "22", "CUDA_DEVICE_MAX_CONNECTIONS": "1",
-                              "GSPO_WEIGHT_SYNC_ADDR": "10.0.0.1", "GSPO_SERVER_PORT": "30000", "OMP_NUM_THREADS": "8"}
+                              "GSPO_WEIGHT_SYNC_ADDR": None, "GSPO_PYTHON": sys.executable, "OMP_NUM_THREADS": "8"}
+    assert plan_path == str(tmp_path / "run/logs/9/launch_plan.r0.json")
+    mounts = next(o for o in a if o.startswith("--container-mounts=")).split("=", 1)[1].split(",")
+    assert mounts == [f"{p}:{p}" for p in (REPO, tmp_path / "run", tmp_path / "models/qwen", tmp_path / "data")]
     batch = (tmp_path / "run/logs/9/batch.log").read_text()
     assert "healthy: http://10.0.0.4:30001/health" in batch and "job done" in batch
 
 
-def test_gpu_job_keeps_cluster_nccl_settings(tmp_path):
-    proc, calls = run_gpu_job(tmp_path, NCCL_IB_TIMEOUT="18", GSPO_MODE="colocated", GSPO_SERVERS_PER_NODE="0")
+def test_container_mount_that_does_not_exist_fails_the_job_with_its_key(tmp_path):
+    proc, calls = run_gpu_job(tmp_path, f"model.hf_path={tmp_path}/missing", GSPO_CONTAINER_IMAGE="/img/gspo.sqsh")
+    assert proc.returncode == 2 and calls == []
+    assert f"container mount {tmp_path}/missing (model.hf_path) does not exist" in proc.stderr
+
+
+def test_learners_and_servers_run_with_the_same_interpreter(tmp_path):
+    proc, calls = run_gpu_job(tmp_path, *model_and_data(tmp_path), GSPO_CONTAINER_IMAGE="/img/gspo.sqsh")
     assert proc.returncode == 0, proc.stderr
-    (learner,) = calls
+    plan = json.loads((tmp_path / "run/logs/9/launch_plan.r0.json").read_text())
+    learner = calls[-1]["argv"]
+    assert learner[learner.index("gspo-learner") + 1] == sys.executable
+    assert {tuple(s["argv"][:3]) for s in plan["servers"]} == {(sys.executable, "-m", "sglang.launch_server")}
+    # The server task script hands its Slurm task to that same interpreter.
+    fake_py = tmp_path / "python"
+    fake_py.write_text('#!/bin/sh\necho "$0 $*"\n')
+    fake_py.chmod(0o755)
+    out = subprocess.run(["bash", str(REPO / "slurm/rollout_server.sh")], capture_output=True, text=True,
+                         env={**os.environ, "GSPO_PYTHON": str(fake_py), "GSPO_LAUNCH_PLAN": "/p.json"}).stdout
+    assert out.split() == [str(fake_py), "-m", "gspo_megatron.launch.server_task", "/p.json"]
+
+
+def test_colocated_layout_and_cluster_nccl_settings(tmp_path):
+    proc, calls = run_gpu_job(tmp_path, "rollout.mode=colocated", "launch.num_learner_nodes=null",
+                              "parallel.world_size=32", "rollout.sglang.num_servers=8", NCCL_IB_TIMEOUT="18")
+    assert proc.returncode == 0, proc.stderr
+    rollout, learner = calls
     assert learner["env"]["NCCL_IB_TIMEOUT"] == "18" and "--nodelist=n1,n2,n3,n4" in learner["argv"]
-    assert "parallel.world_size=32" in learner["argv"] and "rollout.mode=colocated" in learner["argv"]
+    assert "--nodelist=n1,n2,n3,n4" in rollout["argv"] and "--ntasks=8" in rollout["argv"]
+    plan = json.loads((tmp_path / "run/logs/9/launch_plan.r0.json").read_text())
+    assert all("--enable-memory-saver" in s["argv"] for s in plan["servers"])
+
+
+def test_layout_that_does_not_fill_the_job_is_refused_before_anything_starts(tmp_path):
+    proc, calls = run_gpu_job(tmp_path, "rollout.sglang.num_servers=3")
+    assert proc.returncode == 2 and calls == []
+    assert "rollout.sglang.num_servers: 3 servers x tp*dp = 4 devices = 12, but the allocation has 2 " \
+           "rollout node(s) x 8 devices = 16; set num_servers=4" in proc.stderr
+
+
+@pytest.mark.parametrize("name, replacement", [("GSPO_SGLANG_TP", "rollout.sglang.tp"),
+                                               ("GSPO_WEIGHT_SYNC_ADDR", "learner rank 0 publishes"),
+                                               ("GSPO_SGLANG_PYTHON", "learners and servers share one")])
+def test_retired_settings_are_refused_with_their_replacement(tmp_path, name, replacement):
+    proc, calls = run_gpu_job(tmp_path, **{name: "x"})
+    assert proc.returncode == 2 and calls == []
+    assert f"{name} is no longer read" in proc.stderr and replacement in proc.stderr
 
 
 def test_learner_crash_fails_the_job_with_its_code_and_stops_the_servers(tmp_path):
@@ -195,20 +244,6 @@ def test_learner_crash_fails_the_job_with_its_code_and_stops_the_servers(tmp_pat
     assert "--job-name=rollout" in calls[0]["argv"]
     with pytest.raises(ProcessLookupError):
         os.kill(rollout_pid, 0)  # the server step was stopped before the job returned
-
-
-def test_rollout_server_gets_its_gpu_slice_and_port(tmp_path):
-    fake_py = tmp_path / "python"
-    fake_py.write_text('#!/bin/sh\necho "CUDA=$CUDA_VISIBLE_DEVICES $*"\n')
-    fake_py.chmod(0o755)
-    env = {**os.environ, "SLURM_LOCALID": "1", "GSPO_SERVER_PORT": "30000", "GSPO_SGLANG_TP": "4",
-           "GSPO_HF_DIR": "/models/m", "GSPO_SGLANG_PYTHON": str(fake_py), "GSPO_PROFILE": "gpu",
-           "GSPO_SGLANG_EXTRA_ARGS": "--ep-size 4"}
-    out = subprocess.run(["bash", str(REPO / "slurm/rollout_server.sh")], env=env, capture_output=True,
-                         text=True, timeout=30).stdout.split()
-    assert out[0] == "CUDA=4,5,6,7"
-    assert out[1:] == ["-m", "sglang.launch_server", "--model-path", "/models/m", "--tp-size", "4", "--host",
-                       "0.0.0.0", "--port", "30001", "--mem-fraction-static", "0.8", "--ep-size", "4"]
 
 
 def test_cpus_per_task_splits_the_node(tmp_path):
@@ -225,7 +260,7 @@ def test_server_that_dies_before_healthy_fails_the_job(tmp_path):
 
 def test_servers_that_never_get_healthy_time_out(tmp_path):
     # 3 s, not 1 s: the fake srun must have recorded its pid before the job gives up on it.
-    proc, calls = run_gpu_job(tmp_path, FAKE_CURL_EXIT="7", GSPO_HEALTH_TIMEOUT_S="3")
+    proc, calls = run_gpu_job(tmp_path, "rollout.sglang.health_timeout_s=3", FAKE_CURL_EXIT="7")
     assert proc.returncode == 1
     assert "servers not healthy after 3s: http://10.0.0.3:30000/health" in proc.stderr
     assert calls, "the server step was never started"
@@ -243,3 +278,83 @@ def test_failure_message_quotes_the_ranks_traceback_not_torchruns_summary(tmp_pa
     assert "FAILED (exit code 1): main step failed" in proc.stderr
     assert "    | [rank0]: ValueError: data.train_path: row 3 has no 'prompt'" in proc.stderr
     assert "ChildFailedError" not in proc.stderr
+
+
+DRY_RUN_4_NODES = """\
+# dry run of slurm/gspo_30b.sh: job 9 on n[1-4]; nothing is started
+# environment of every step:
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+export GSPO_CONTAINER_IMAGE=/img/gspo.sqsh
+export GSPO_LOG_DIR=/runs/r9/logs/9
+export GSPO_PROFILE=gpu
+export GSPO_PYTHON={py}
+export GSPO_REPO={repo}
+export GSPO_RESTART=0
+export GSPO_RUN_DIR=/runs/r9
+export NCCL_DEBUG=WARN
+export NCCL_IB_DISABLE=0
+export NCCL_IB_RETRY_CNT=7
+export NCCL_IB_TIMEOUT=22
+export NCCL_NVLS_ENABLE=0
+export OMP_NUM_THREADS=8
+export PYTHONUNBUFFERED=1
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+# the launch plan ({plan}/launch_plan.r0.json):
+srun --overlap --nodes=1 --ntasks=1 --job-name=plan --nodelist=n1 --container-image=/img/gspo.sqsh \
+--container-name=gspo --container-workdir={repo} --container-mounts={repo}:{repo},/runs/r9:/runs/r9 {py} -m \
+gspo_megatron.launch --config configs/qwen3_30b_a3b_gspo.yaml --repo {repo} --python {py} --job-id 9 --restart 0 \
+--cpus-per-node 96 --node n1=10.0.0.1 --node n2=10.0.0.2 --node n3=10.0.0.3 --node n4=10.0.0.4 --train-entry \
+'-m gspo_megatron.cli.train' --rollout-entry '' --sglang-extra-args '' --user-mounts '' --out-sh \
+{plan}/launch_plan.r0.sh --out-json {plan}/launch_plan.r0.json --devices-on-node 8 -- trainer.num_steps=3 \
+logging.run_dir=/runs/r9
+# learners: n1, n2, 8 rank(s) each, world 16
+# servers: 4 on n3, n4, 2 per node
+# weight-update group: learner rank 0 + 4 server(s) x 4 TP worker(s) = 17 ranks, at rank 0's own address
+# the rollout servers, one task each:
+#   n3 task 0 (devices 0-3): {server} --port 30000 {fleet} --base-gpu-id 0
+#   n3 task 1 (devices 4-7): {server} --port 30001 {fleet} --base-gpu-id 4
+#   n4 task 0 (devices 0-3): {server} --port 30000 {fleet} --base-gpu-id 0
+#   n4 task 1 (devices 4-7): {server} --port 30001 {fleet} --base-gpu-id 4
+srun --overlap --kill-on-bad-exit=1 --job-name=rollout --output=/runs/r9/logs/9/rollout.r0.log {container} \
+--nodes=2 --ntasks=4 --ntasks-per-node=2 --cpus-per-task=48 --nodelist=n3,n4 bash {repo}/slurm/rollout_server.sh
+# then wait up to 900s for: http://10.0.0.3:30000/health http://10.0.0.3:30001/health \
+http://10.0.0.4:30000/health http://10.0.0.4:30001/health
+# the learners (torchrun numbers the ranks at rendezvous):
+srun --overlap --kill-on-bad-exit=1 --job-name=learner --output=/runs/r9/logs/9/learner.r0.log {container} \
+--nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=96 --nodelist=n1,n2 bash -c 'trap "" USR1; exec "$@"' \
+gspo-learner {py} -m torch.distributed.run --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d \
+--rdzv-endpoint=10.0.0.1:29509 --rdzv-id=9-r0 --max-restarts=0 -m gspo_megatron.cli.train \
+configs/qwen3_30b_a3b_gspo.yaml trainer.num_steps=3 logging.run_dir=/runs/r9 launch.num_nodes=4 \
+'rollout.sglang.server_addresses=[10.0.0.3:30000,10.0.0.3:30001,10.0.0.4:30000,10.0.0.4:30001]'
+"""
+
+
+def test_dry_run_of_the_four_node_job_prints_every_step_line_by_line(tmp_path):
+    env = job_env(tmp_path, GSPO_CONTAINER_IMAGE="/img/gspo.sqsh", GSPO_RUN_DIR="/runs/r9")
+    env.pop("GSPO_KILL_GRACE_S")
+    proc = subprocess.run(["bash", str(REPO / "slurm/gspo_30b.sh"), "--dry-run", "trainer.num_steps=3"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    plan_dir = proc.stdout.split("# the launch plan (", 1)[1].split("/launch_plan.r0.json", 1)[0]
+    mounts = f"{REPO}:{REPO},/runs/r9:/runs/r9,/models/Qwen3-30B-A3B:/models/Qwen3-30B-A3B,/data/math:/data/math"
+    expected = DRY_RUN_4_NODES.format(
+        py=sys.executable, repo=REPO, plan=plan_dir,
+        server=f"{sys.executable} -m sglang.launch_server --model-path /models/Qwen3-30B-A3B --host 0.0.0.0",
+        fleet="--tp-size 4 --dp-size 1 --ep-size 1 --mem-fraction-static 0.8",
+        container=f"--container-image=/img/gspo.sqsh --container-name=gspo --container-workdir={REPO} "
+                  f"--container-mounts={mounts}")
+    assert proc.stdout.splitlines() == expected.splitlines()
+    # Nothing ran and nothing was left behind: no srun call, no run directory, no plan folder.
+    assert not (tmp_path / "srun.jsonl").exists() and not Path(plan_dir).exists()
+
+
+def test_dry_run_without_slurm_takes_a_host_list_and_refuses_a_bad_layout(tmp_path):
+    env = {k: v for k, v in job_env(tmp_path).items() if not k.startswith("SLURM")}
+    ok = subprocess.run(["bash", str(REPO / "slurm/gspo_30b.sh"), "--dry-run", "--nodelist", "gpu[07-10]"],
+                        env=env, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert "#   gpu10 task 1 (devices 4-7): " in ok.stdout and "--rdzv-endpoint=gpu07:29500" in ok.stdout
+    bad = subprocess.run(["bash", str(REPO / "slurm/gspo_30b.sh"), "--dry-run", "--nodelist", "gpu[1-3]"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "srun" not in bad.stdout
+    assert "but the allocation has 1 rollout node(s) x 8 devices = 8; set num_servers=2" in bad.stderr

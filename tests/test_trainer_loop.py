@@ -150,12 +150,20 @@ def test_bad_inputs_stop_with_a_clear_error(assets, tmp_path, caplog):
         assert message in caplog.text, (extra, caplog.text[-2000:])
 
 
-def test_before_after_table_shows_first_and_last_evaluation():
-    from gspo_megatron.trainer.build import before_after_table
 
-    history = [{"step": 0, "eval/accuracy": 0.25}, {"step": 1, "reward/mean": 0.5},
-               {"step": 2, "eval/accuracy": 0.75}]
-    table = before_after_table(history).splitlines()
-    assert table[0].split() == ["metric", "step", "0", "step", "2"]
-    assert table[1].split() == ["eval/accuracy", "0.2500", "0.7500"]
-    assert before_after_table([{"step": 1, "reward/mean": 0.1}]) == ""
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["colocated", "disaggregated"])
+def test_loop_with_reference_servers(assets, tmp_path, mode):
+    """The trainer against a reference server process: colocated (memory released around the
+    learner's phases, tensor handles through shared memory) and disaggregated (gloo broadcast)."""
+    from gspo_megatron.distributed.runtime import free_port
+
+    extra = ["trainer.num_steps=1", "rollout.engine=reference", f"rollout.mode={mode}",
+             f"rollout.sglang.port={free_port()}", "rollout.sglang.health_timeout_s=300"]
+    assert _train(0, _overrides(assets, tmp_path, *extra))["code"] == 0
+    rows = _check_run(tmp_path, 1)
+    sync = rows[1]
+    assert sync["weight_sync/num_servers"] == 1.0 and sync["weight_sync/num_skipped_servers"] == 0.0
+    for phase in ("pause", "begin", "end", "transfer"):
+        assert f"weight_sync/{phase}_s" in sync
+    assert ("weight_sync/continue_s" in sync) == (mode == "disaggregated")  # colocated: on resume

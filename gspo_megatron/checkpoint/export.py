@@ -51,12 +51,29 @@ def _rank() -> int:
     return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
 
 
+# config.json fields that are training recipe, not architecture: the run's own values (an RL run
+# trains with router_aux_loss_coef 0, slime's choice) must not replace the source model's, or a
+# user who fine-tunes the export silently gets another recipe.
+RECIPE_FIELDS = ("router_aux_loss_coef",)
+
+
 def _hf_config(cfg: ModelConfig, source_dir: Optional[Path], dtype: torch.dtype) -> Dict[str, Any]:
-    """The source's config.json (keeps token ids etc.) updated with the exported architecture."""
+    """The source's config.json with every field kept (token ids, recipe fields such as
+    ``router_aux_loss_coef``) except architecture fields the trained model differs in;
+    ``torch_dtype`` is the exported weights' dtype. Without a source: the model's own fields."""
+    ours = hf_config_from_model_config(cfg)
     base: Dict[str, Any] = {}
     if source_dir is not None and (source_dir / "config.json").is_file():
         base = json.loads((source_dir / "config.json").read_text())
-    base.update(hf_config_from_model_config(cfg))
+        for key in RECIPE_FIELDS:
+            if key in base:
+                ours.pop(key, None)
+        changed = sorted(k for k, v in ours.items()
+                         if k in base and k != "torch_dtype" and base[k] != v)
+        if changed:
+            log.warning("exported architecture differs from %s in %s", source_dir / "config.json",
+                        ", ".join(f"{k}: {base[k]!r} -> {ours[k]!r}" for k in changed))
+    base.update(ours)
     base["torch_dtype"] = _HF_DTYPE_NAMES[dtype]
     return base
 

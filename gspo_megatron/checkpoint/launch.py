@@ -24,6 +24,11 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
     for flag in ("tp", "pp", "ep", "etp"):
         g.add_argument(f"--{flag}", type=int, default=1, help=f"{flag} size (default 1)")
     g.add_argument("--vpp", type=int, default=None, help="virtual pipeline stages per rank")
+    g.add_argument("--first-stage-layers", type=int, default=None,
+                   help="uneven pipeline: layers on the first stage (default: even split, or "
+                        "a balanced uneven one when --pp does not divide the layer count)")
+    g.add_argument("--last-stage-layers", type=int, default=None,
+                   help="uneven pipeline: layers on the last stage")
     g.add_argument("--sp", action="store_true",
                    help="sequence parallelism (always on when tp > 1: Megatron needs it for "
                         "MoE + TP, and it does not change the checkpoint)")
@@ -40,7 +45,9 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
 
 def parallel_from_args(args: argparse.Namespace) -> ParallelConfig:
     return ParallelConfig(tp=args.tp, pp=args.pp, ep=args.ep, etp=args.etp, vpp=args.vpp,
-                          sp=args.sp or args.tp > 1)
+                          sp=args.sp or args.tp > 1,
+                          num_layers_in_first_pipeline_stage=args.first_stage_layers,
+                          num_layers_in_last_pipeline_stage=args.last_stage_layers)
 
 
 def base_model_config(args: argparse.Namespace) -> ModelConfig:

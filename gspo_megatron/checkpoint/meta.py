@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict
 
-from gspo_megatron.config.schema import FP8Config, ModelConfig, ParallelConfig
+from gspo_megatron.config.schema import FP8Config, ModelConfig
 
 
 class TargetExistsError(FileExistsError):
@@ -21,13 +21,10 @@ class TargetExistsError(FileExistsError):
 
 
 def model_config_from_meta(meta: Dict[str, Any]) -> ModelConfig:
+    """The typed model config a checkpoint was written with (``gspo_meta.json``'s ``model``)."""
     values = dict(meta["model"])
     values["fp8"] = FP8Config(**(values.get("fp8") or {}))
     return ModelConfig(**values)
-
-
-def parallel_config_from_meta(meta: Dict[str, Any]) -> ParallelConfig:
-    return ParallelConfig(**meta["parallel"])
 
 
 def check_target(out_dir: str | Path, overwrite: bool) -> Path:

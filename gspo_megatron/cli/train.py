@@ -43,14 +43,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     _setup_logging(rank)
     log = logging.getLogger("gspo-train")
 
-    from gspo_megatron.config import ConfigError, load_config, save_config
+    from gspo_megatron.config import ConfigError, save_config
+    from gspo_megatron.planner.fit_check import load_fitting_config
     from gspo_megatron.data.records import DataLoadError
     from gspo_megatron.rewards.registry import RewardLookupError
     from gspo_megatron.distributed.runtime import detect_launch_env, init_distributed, shutdown_distributed
 
     overrides = list(args.overrides) + (["checkpoint.resume=always"] if args.resume else [])
     try:
-        cfg = load_config(args.config, overrides, world_size=detect_launch_env().world_size)
+        cfg = load_fitting_config(args.config, overrides, world_size=detect_launch_env().world_size)
     except ConfigError as exc:
         log.error("%s", exc)
         return EXIT_CONFIG

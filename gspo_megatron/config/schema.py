@@ -83,6 +83,13 @@ class ParallelConfig:
     """Pipeline-parallel size."""
     vpp: Optional[int] = None
     """Virtual pipeline stages per rank (interleaved schedule); None disables it."""
+    num_layers_in_first_pipeline_stage: Optional[int] = None
+    """Uneven pipeline: transformer layers on the first stage (Megatron-Core's option of the same
+    name); the other stages split the rest evenly. Needed when pp does not divide
+    model.num_layers (Qwen3-235B-A22B: 94 layers). None: even split."""
+    num_layers_in_last_pipeline_stage: Optional[int] = None
+    """Uneven pipeline: transformer layers on the last stage (it also holds the output layer and
+    the log-prob pass, so it usually gets fewer). None: even split."""
     ep: int = 1
     """Expert-parallel size."""
     etp: int = 1
@@ -114,6 +121,19 @@ class OptimizerConfig:
     lr_decay_style: str = "constant"
     """``constant``, ``linear`` or ``cosine``."""
     use_distributed_optimizer: bool = True
+    precision_aware: bool = False
+    """Megatron-Core's ``use_precision_aware_optimizer``: Adam state in lower precision
+    (``moments_dtype``) and the fp32 main weights kept as 16-bit remainders next to the bf16
+    weights. Transformer Engine's FusedAdam does it (GPU only); needs use_distributed_optimizer."""
+    moments_dtype: str = "fp32"
+    """dtype of Adam's exp_avg and exp_avg_sq: ``fp32`` or ``bf16`` (bf16 needs precision_aware
+    and halves the optimizer state; Megatron's ``exp_avg_dtype`` / ``exp_avg_sq_dtype``)."""
+    cpu_offload: bool = False
+    """Megatron-Core's ``optimizer_cpu_offload``: fp32 main weights and Adam state live in host
+    memory and the update runs there (``HybridDeviceOptimizer``, GPU runs only), with the
+    host<->device copies overlapped. Frees 12 bytes per parameter / DP of GPU memory."""
+    offload_fraction: float = 1.0
+    """Share of the optimizer state offloaded when ``cpu_offload`` (``optimizer_offload_fraction``)."""
     max_consecutive_nonfinite: int = 3
     """Updates skipped for a non-finite loss or grad norm in a row before the run stops."""
 
@@ -208,11 +228,16 @@ class SGLangConfig:
     server_addresses: List[str] = field(default_factory=list)
     """``host:port`` of running servers; empty means launch ``num_servers`` of them."""
     num_servers: int = 1
+    """Servers of the fleet; with ``launch.num_nodes`` set they must fill the rollout nodes."""
     port: int = 30000
     """First port; server i listens on ``port + i`` on its node."""
     tp: int = 1
+    """GPUs of a server's tensor-parallel group; the one source of the servers' ``--tp-size`` and
+    of the weight-update group's size."""
     dp: int = 1
+    """Data-parallel replicas inside one server (``tp * dp`` GPUs per server)."""
     ep: int = 1
+    """Expert parallelism inside a server's TP group (must divide ``tp``)."""
     mem_fraction_static: float = 0.7
     request_timeout_s: float = 600.0
     max_retries: int = 3
@@ -234,8 +259,8 @@ class WeightSyncConfig:
     disk_dir: Optional[str] = None
     """Shared directory for the ``disk`` transport."""
     master_address: Optional[str] = None
-    """Rendezvous host of the broadcast group (learner rank 0); None: $GSPO_WEIGHT_SYNC_ADDR or
-    this host's address."""
+    """Rendezvous host of the broadcast group (learner rank 0); None: rank 0's own address on the
+    route to the first rollout server (distributed/host_address.py)."""
     master_port: Optional[int] = None
     """Rendezvous port of the broadcast group; None picks a free one."""
 
@@ -347,6 +372,42 @@ class TrainerConfig:
 
 
 @dataclass
+class LaunchConfig:
+    """The allocation the Slurm scripts launch a run on (slurm/gspo_30b.sh, slurm/tiny_cpu.sh).
+
+    Read by the launch plan (``gspo_megatron/launch``) and by validation, which refuses a rollout
+    fleet or learner world whose devices do not add up to it. The scripts set ``num_nodes`` from
+    the job; a run started without them leaves it None and nothing here is checked.
+    """
+
+    num_nodes: Optional[int] = None
+    """Nodes of the job; None: not launched through slurm/ (no allocation check)."""
+    devices_per_node: int = 8
+    """GPUs per node, one learner rank each (CPU profile: learner processes per node)."""
+    num_learner_nodes: Optional[int] = None
+    """``rollout.mode=disaggregated``: the first N nodes learn, the rest serve. Colocated: every
+    node does both (leave None or set it to ``num_nodes``)."""
+
+
+@dataclass
+class PlanConfig:
+    """What the memory planner assumes about the GPUs (``gspo-plan``, and the fit check that
+    config loading runs; ``docs/planner.md``)."""
+
+    gpu_memory_gb: Optional[float] = None
+    """Memory of one GPU in GB (80 for an H100 80GB). Config loading refuses a learner or
+    rollout layout predicted not to fit it, naming the biggest terms and the planner's best
+    layout; None skips the check (CPU runs)."""
+    reserved_gb: float = 4.0
+    """Per GPU, memory held outside tensors: CUDA context, NCCL buffers, fragmentation."""
+    check_fit: bool = True
+    """false skips the fit check gspo-train and the launch plan run after loading the config
+    (the explicit override: plan.check_fit=false)."""
+    mfu: float = 0.3
+    """Model FLOP utilisation assumed for the learner's time estimate."""
+
+
+@dataclass
 class GSPOConfig:
     """Root of the configuration tree."""
 
@@ -361,3 +422,5 @@ class GSPOConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)

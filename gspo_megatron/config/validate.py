@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+from gspo_megatron.config.errors import ConfigError  # noqa: F401  (re-exported)
+from gspo_megatron.config.allocation import allocation_problems, fleet_problems
+from gspo_megatron.config.sequence_padding import FP8_RECIPES, pad_multiple_for, round_up
+
 CHOICES = {
     "model.arch": ("qwen3", "qwen3_moe"),
     "model.transformer_impl": ("auto", "transformer_engine", "local"),
@@ -19,8 +23,9 @@ CHOICES = {
     "model.moe_token_dispatcher": ("allgather", "alltoall"),
     "model.moe_router_dtype": ("fp32", "fp64", "none"),
     "model.fp8.format": ("hybrid", "e4m3"),
-    "model.fp8.recipe": ("delayed", "tensorwise", "mxfp8", "blockwise"),
+    "model.fp8.recipe": FP8_RECIPES,
     "optimizer.lr_decay_style": ("constant", "linear", "cosine"),
+    "optimizer.moments_dtype": ("fp32", "bf16"),
     "algo.loss": ("gspo", "gspo_token", "grpo"),
     "algo.advantage": ("group_norm", "group_mean"),
     "algo.grpo_aggregation": ("token_mean", "seq_mean_token_mean"),
@@ -34,10 +39,6 @@ CHOICES = {
 }
 
 
-class ConfigError(ValueError):
-    """A configuration problem; the message names the file, override or key."""
-
-
 def _get(cfg, dotted: str):
     node = cfg
     for part in dotted.split("."):
@@ -49,8 +50,9 @@ CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 
 
 def _check_context_parallel(cfg, check) -> None:
-    """Context parallelism splits every sequence into ``2 * cp`` chunks (load balancing)."""
-    m, p, b = cfg.model, cfg.parallel, cfg.batch
+    """Context parallelism: the communication type TE is asked for, and what it needs of the heads
+    (the padding to ``2 * cp`` chunks is :func:`_check_sequence_padding`)."""
+    m, p = cfg.model, cfg.parallel
     if p.cp == 1:
         return
     comm = p.cp_comm_type  # None: TE's default, p2p
@@ -60,13 +62,92 @@ def _check_context_parallel(cfg, check) -> None:
         check(m.num_attention_heads % (p.tp * p.cp) == 0, "parallel.cp_comm_type",
               f"'{comm}' scatters attention heads over CP: tp*cp = {p.tp}*{p.cp} must divide "
               f"model.num_attention_heads={m.num_attention_heads}")
-    multiple = 2 * p.cp * (p.tp if p.sp else 1)
+
+
+def _check_sequence_padding(cfg, check) -> None:
+    """The longest sequence, padded as the learner pads it (TP/SP, CP, FP8), fits a micro-batch."""
+    p = cfg.parallel
+    multiple = pad_multiple_for(p, cfg.model)
     longest = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
-    padded = -(-longest // multiple) * multiple
-    check(b.max_tokens_per_micro_batch >= padded, "batch.max_tokens_per_micro_batch",
-          f"{b.max_tokens_per_micro_batch} cannot hold one sequence of {longest} tokens padded "
-          f"to a multiple of 2*cp{'*tp' if p.sp else ''} = {multiple} ({padded} tokens) for "
-          f"parallel.cp={p.cp}")
+    padded = round_up(longest, multiple)
+    why = "" if multiple == 1 else (
+        f", padded to a multiple of {multiple} for tp={p.tp} sp={p.sp} cp={p.cp} "
+        f"fp8={cfg.model.fp8.recipe if cfg.model.fp8.enabled else 'off'} ({padded} tokens; "
+        "config/sequence_padding.py)")
+    check(cfg.batch.max_tokens_per_micro_batch >= padded, "batch.max_tokens_per_micro_batch",
+          f"{cfg.batch.max_tokens_per_micro_batch} cannot hold one sequence of up to "
+          f"data.max_prompt_tokens + rollout.max_new_tokens = {longest} tokens{why}")
+
+
+def _check_fp8(cfg, check) -> None:
+    """FP8 runs only in Transformer Engine's layer spec, named explicitly: ``auto`` builds the
+    local spec on a machine without a GPU, and the FP8 padding of packed micro-batches
+    (config/sequence_padding.py) is TE's rule."""
+    fp8 = cfg.model.fp8
+    if not fp8.enabled:
+        return
+    check(cfg.model.transformer_impl == "transformer_engine", "model.fp8.enabled",
+          f"FP8 needs model.transformer_impl=transformer_engine (Transformer Engine's layer spec, "
+          f"GPU), got '{cfg.model.transformer_impl}'")
+    check(fp8.recipe != "delayed" or (fp8.num_layers_at_start_in_bf16 == 0
+                                      and fp8.num_layers_at_end_in_bf16 == 0),
+          "model.fp8.recipe", "the 'delayed' recipe cannot keep first/last layers in BF16 "
+          "(Megatron refuses it); set num_layers_at_start/end_in_bf16=0 or use 'tensorwise'")
+
+
+def _check_fleet_and_allocation(cfg, check) -> None:
+    """Rollout servers SGLang and the update group accept, filling the job's nodes exactly."""
+    for key, message in fleet_problems(cfg.rollout) + allocation_problems(cfg):
+        check(False, key, message)
+
+
+def _check_pipeline_split(cfg, check) -> None:
+    """Layers per pipeline stage, even or uneven, exactly as Megatron-Core would build them."""
+    from gspo_megatron.config.pipeline_split import (PipelineSplitError, stage_layer_counts,
+                                                    suggest_uneven_split)
+
+    m, p = cfg.model, cfg.parallel
+    first, last = p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage
+    uneven = first is not None or last is not None
+    if p.vpp is not None:  # interleaved: even stages only (uneven + VPP is not tested here)
+        check(p.pp > 1, "parallel.vpp", "virtual pipeline stages need parallel.pp > 1")
+        check(not uneven, "parallel.vpp",
+              "virtual pipeline stages with uneven first/last stages are not supported here; "
+              "unset parallel.num_layers_in_first/last_pipeline_stage or parallel.vpp")
+        check(p.vpp >= 1 and m.num_layers % (p.pp * p.vpp) == 0, "parallel.vpp",
+              f"pp*vpp={p.pp}*{p.vpp} must divide model.num_layers={m.num_layers}")
+        return
+    try:
+        stage_layer_counts(m.num_layers, p.pp, first, last)
+    except PipelineSplitError as exc:
+        key = ("parallel.num_layers_in_first_pipeline_stage" if uneven else "parallel.pp")
+        hint = ""
+        if not uneven and p.pp > 1:
+            try:
+                split = suggest_uneven_split(m.num_layers, p.pp)
+            except PipelineSplitError:
+                split = None
+            if split:
+                hint = (f"; for an uneven split set parallel.num_layers_in_first_pipeline_stage="
+                        f"{split[0]} parallel.num_layers_in_last_pipeline_stage={split[1]}")
+        check(False, key, f"{exc}{hint}")
+
+
+def _check_optimizer_memory_options(cfg, check) -> None:
+    """Megatron-Core 0.16.1's rules for its optimizer memory options (optimizer_config.py)."""
+    o, m = cfg.optimizer, cfg.model
+    if o.precision_aware or o.cpu_offload:
+        key = "optimizer.precision_aware" if o.precision_aware else "optimizer.cpu_offload"
+        check(o.use_distributed_optimizer or not o.precision_aware, key,
+              "the precision-aware optimizer needs optimizer.use_distributed_optimizer=true")
+        check(m.transformer_impl != "local", key,
+              "needs GPUs (Transformer Engine's FusedAdam / CUDA streams); "
+              "model.transformer_impl=local is the CPU path")
+    check(o.moments_dtype == "fp32" or (o.precision_aware and not o.cpu_offload),
+          "optimizer.moments_dtype", f"'{o.moments_dtype}' needs optimizer.precision_aware=true "
+          "and no optimizer.cpu_offload (the offloaded CPU Adam keeps fp32 state)")
+    check(0.0 < o.offload_fraction <= 1.0, "optimizer.offload_fraction",
+          f"{o.offload_fraction} must be in (0, 1]")
 
 
 def _check_paper_experiments(cfg, check) -> None:
@@ -100,36 +181,54 @@ def _check_paper_experiments(cfg, check) -> None:
 
 
 def validate_config(cfg, world_size: Optional[int] = None) -> None:
-    """Raise ConfigError listing every inconsistency found; return None when all is well."""
+    """Raise ConfigError listing every inconsistency found; return None when all is well.
+
+    ``world_size``, when given, is the number of processes actually launched."""
     errors: List[str] = []
 
     def check(ok: bool, key: str, msg: str) -> None:
         if not ok:
             errors.append(f"{key}: {msg}")
 
-    for key, allowed in CHOICES.items():
-        value = _get(cfg, key)
-        check(value in allowed, key, f"'{value}' is not one of {', '.join(allowed)}")
-
-    m, p = cfg.model, cfg.parallel
-    for key in ("tp", "pp", "ep", "etp", "cp"):
-        check(getattr(p, key) >= 1, f"parallel.{key}", "must be >= 1")
+    _check_choices_and_sizes(cfg, check)
+    if errors:  # the checks below divide by the sizes and branch on the choices
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+    _check_model_layout(cfg, check)
+    errors.extend(world_size_errors(cfg.parallel, world_size))
+    _check_data_parallel_feed(cfg, world_size, check)
+    _check_batching(cfg, check)
+    _check_algorithm(cfg, check)
+    _check_rollout(cfg, check)
+    _check_context_parallel(cfg, check)
+    _check_sequence_padding(cfg, check)
+    _check_fp8(cfg, check)
+    _check_fleet_and_allocation(cfg, check)
+    _check_optimizer(cfg, check)
+    _check_optimizer_memory_options(cfg, check)
+    _check_paper_experiments(cfg, check)
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
 
-    # Model shapes against the layout.
+
+def _check_choices_and_sizes(cfg, check) -> None:
+    """Every enumerated key holds one of its choices; every parallel size is >= 1."""
+    for key, allowed in CHOICES.items():
+        value = _get(cfg, key)
+        check(value in allowed, key, f"'{value}' is not one of {', '.join(allowed)}")
+    for key in ("tp", "pp", "ep", "etp", "cp"):
+        check(getattr(cfg.parallel, key) >= 1, f"parallel.{key}", "must be >= 1")
+
+
+def _check_model_layout(cfg, check) -> None:
+    """Model shapes against the TP / PP / VPP / SP / EP layout."""
+    m, p = cfg.model, cfg.parallel
     check(m.num_attention_heads % p.tp == 0, "parallel.tp",
           f"tp={p.tp} must divide model.num_attention_heads={m.num_attention_heads}")
     check(m.num_query_groups % p.tp == 0, "parallel.tp",
           f"tp={p.tp} must divide model.num_query_groups={m.num_query_groups}")
     check(m.num_attention_heads % m.num_query_groups == 0, "model.num_query_groups",
           f"{m.num_query_groups} must divide model.num_attention_heads={m.num_attention_heads}")
-    check(m.num_layers % p.pp == 0, "parallel.pp",
-          f"pp={p.pp} must divide model.num_layers={m.num_layers}")
-    if p.vpp is not None:
-        check(p.pp > 1, "parallel.vpp", "virtual pipeline stages need parallel.pp > 1")
-        check(p.vpp >= 1 and m.num_layers % (p.pp * p.vpp) == 0, "parallel.vpp",
-              f"pp*vpp={p.pp}*{p.vpp} must divide model.num_layers={m.num_layers}")
+    _check_pipeline_split(cfg, check)
     check(not p.sp or p.tp > 1, "parallel.sp", "sequence parallelism needs parallel.tp > 1")
 
     is_moe = m.arch == "qwen3_moe"
@@ -146,26 +245,48 @@ def validate_config(cfg, world_size: Optional[int] = None) -> None:
         check(p.ep == 1 and p.etp == 1, "parallel.ep",
               "expert parallelism (ep/etp > 1) needs an MoE model")
 
-    world = world_size if world_size is not None else p.world_size
+
+def world_size_errors(parallel, world_size: Optional[int] = None) -> List[str]:
+    """The parallel layout against the number of processes, one message per problem.
+
+    ``world_size`` is the number launched (None: check against ``parallel.world_size``, when the
+    config sets it). The one place these rules live: ``validate_config`` reports them with the
+    rest, ``distributed.runtime.init_distributed`` refuses to start a layout that breaks them.
+    """
+    p, errors = parallel, []
     if world_size is not None and p.world_size is not None and world_size != p.world_size:
         errors.append(f"parallel.world_size: config says {p.world_size} but {world_size} "
                       "processes were launched")
-    if world is not None:
-        dense_group = p.tp * p.pp * p.cp
-        check(world % dense_group == 0, "parallel.world_size",
-              f"world size {world} is not divisible by tp*pp*cp = {p.tp}*{p.pp}*{p.cp} = {dense_group}")
-        expert_group = p.etp * p.ep * p.pp
-        check(world % expert_group == 0, "parallel.ep",
-              f"world size {world} is not divisible by etp*ep*pp = {p.etp}*{p.ep}*{p.pp} = {expert_group}")
-        if world % dense_group == 0:
-            dp = world // dense_group
-            num_samples = cfg.batch.num_prompts_per_step * cfg.rollout.n_samples_per_prompt
-            per_mini = num_samples // max(cfg.batch.num_mini_batches, 1)
-            check(per_mini >= dp, "batch.num_mini_batches",
-                  f"a mini-batch of {per_mini} sequences cannot feed {dp} data-parallel ranks")
+    world = world_size if world_size is not None else p.world_size
+    if world is None:
+        return errors
+    dense_group = p.tp * p.pp * p.cp
+    if world % dense_group:
+        errors.append(f"parallel.world_size: world size {world} is not divisible by tp*pp*cp = "
+                      f"{p.tp}*{p.pp}*{p.cp} = {dense_group}")
+    expert_group = p.etp * p.ep * p.pp
+    if world % expert_group:
+        errors.append(f"parallel.ep: world size {world} is not divisible by etp*ep*pp = "
+                      f"{p.etp}*{p.ep}*{p.pp} = {expert_group}")
+    return errors
 
-    # Batching.
-    b, r = cfg.batch, cfg.rollout
+
+def _check_data_parallel_feed(cfg, world_size: Optional[int], check) -> None:
+    """Every data-parallel rank needs at least one sequence of each mini-batch."""
+    p = cfg.parallel
+    world = world_size if world_size is not None else p.world_size
+    if world is None or world % (p.tp * p.pp * p.cp):
+        return
+    dp = world // (p.tp * p.pp * p.cp)
+    num_samples = cfg.batch.num_prompts_per_step * cfg.rollout.n_samples_per_prompt
+    per_mini = num_samples // max(cfg.batch.num_mini_batches, 1)
+    check(per_mini >= dp, "batch.num_mini_batches",
+          f"a mini-batch of {per_mini} sequences cannot feed {dp} data-parallel ranks")
+
+
+def _check_batching(cfg, check) -> None:
+    """Rollout batch and mini-batches; the longest sequence against the model's positions."""
+    m, b, r = cfg.model, cfg.batch, cfg.rollout
     check(b.num_prompts_per_step >= 1, "batch.num_prompts_per_step", "must be >= 1")
     check(b.num_mini_batches >= 1, "batch.num_mini_batches", "must be >= 1")
     num_samples = b.num_prompts_per_step * r.n_samples_per_prompt
@@ -173,25 +294,28 @@ def validate_config(cfg, world_size: Optional[int] = None) -> None:
           f"{b.num_mini_batches} must divide the rollout batch of "
           f"{b.num_prompts_per_step}*{r.n_samples_per_prompt} = {num_samples} sequences")
     longest = cfg.data.max_prompt_tokens + r.max_new_tokens
-    check(b.max_tokens_per_micro_batch >= longest, "batch.max_tokens_per_micro_batch",
-          f"{b.max_tokens_per_micro_batch} cannot hold one sequence of up to "
-          f"data.max_prompt_tokens + rollout.max_new_tokens = {longest} tokens")
     check(longest <= m.max_position_embeddings, "rollout.max_new_tokens",
           f"prompt+response of {longest} tokens exceeds model.max_position_embeddings="
           f"{m.max_position_embeddings}")
     check(r.n_samples_per_prompt >= 2 or cfg.algo.advantage == "group_mean",
           "rollout.n_samples_per_prompt", "group-normalised advantages need >= 2 samples per prompt")
 
-    # Algorithm.
+
+def _check_algorithm(cfg, check) -> None:
+    """Clip range, KL and TIS settings within their meaning."""
     a = cfg.algo
     check(0.0 <= a.clip_eps_low < 1.0, "algo.clip_eps_low", f"{a.clip_eps_low} must be in [0, 1)")
     check(a.clip_eps_high >= 0.0, "algo.clip_eps_high", f"{a.clip_eps_high} must be >= 0")
     check(a.kl_coef >= 0.0, "algo.kl_coef", "must be >= 0")
     check(a.tis.cap >= 1.0, "algo.tis.cap", f"{a.tis.cap} must be >= 1")
+
+
+def _check_rollout(cfg, check) -> None:
+    """Sampling parameters, the embedded engine's batch, and the weight-sync transport."""
+    r = cfg.rollout
     check(r.temperature > 0.0, "rollout.temperature", "must be > 0 (log-probs of greedy decoding are not a policy)")
     check(0.0 < r.top_p <= 1.0, "rollout.top_p", "must be in (0, 1]")
     check(r.embedded_max_batch_size >= 1, "rollout.embedded_max_batch_size", "must be >= 1")
-
     ws = r.weight_sync
     check(ws.bucket_bytes > 0, "rollout.weight_sync.bucket_bytes", "must be > 0")
     check(ws.transport != "disk" or bool(ws.disk_dir), "rollout.weight_sync.disk_dir",
@@ -200,20 +324,9 @@ def validate_config(cfg, world_size: Optional[int] = None) -> None:
           "rollout.weight_sync.transport", f"'{ws.transport}' needs server engines; the embedded "
           "engine takes 'tensor' or 'disk'")
 
-    _check_context_parallel(cfg, check)
-    _check_paper_experiments(cfg, check)
 
-    # Precision.
-    if m.fp8.enabled:
-        check(m.transformer_impl in ("auto", "transformer_engine"), "model.fp8.enabled",
-              "FP8 needs model.transformer_impl=transformer_engine (GPU)")
-        check(m.fp8.recipe != "delayed" or (m.fp8.num_layers_at_start_in_bf16 == 0
-                                            and m.fp8.num_layers_at_end_in_bf16 == 0),
-              "model.fp8.recipe", "the 'delayed' recipe cannot keep first/last layers in BF16 "
-              "(Megatron refuses it); set num_layers_at_start/end_in_bf16=0 or use 'tensorwise'")
+def _check_optimizer(cfg, check) -> None:
+    """Learning rate and the guard against non-finite steps."""
     check(cfg.optimizer.lr > 0, "optimizer.lr", "must be > 0")
     check(cfg.optimizer.max_consecutive_nonfinite >= 1, "optimizer.max_consecutive_nonfinite",
           "must be >= 1")
-
-    if errors:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))

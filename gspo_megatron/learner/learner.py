@@ -18,7 +18,7 @@ the loss handed to Megatron is multiplied by ``num_micro_batches * dp_size`` (ex
 The MoE auxiliary loss keeps Megatron's usual per-micro-batch mean.
 
 Context parallelism (CP): every CP rank of a DP rank plans the same micro-batches and keeps its
-load-balanced share of each (``learner/context_parallel.py``); the losses complete per-sequence
+load-balanced share of each (``learner/batch.py``); the losses complete per-sequence
 sums over the CP group (``PolicyLossInputs.cp_group``, full ``seq_token_counts``), so each CP
 rank's loss is its share of the objective and the gradient is the *sum* over CP ranks. Megatron
 multiplies a 2-tuple loss by ``cp_size`` and DDP averages over DP x CP, which cancel: the scale
@@ -43,6 +43,7 @@ import torch.distributed as dist
 from gspo_megatron.algorithms.metrics import accumulate_metrics, all_reduce_metrics, metrics_to_floats
 from gspo_megatron.algorithms.types import LossOutput, PolicyLossInputs
 from gspo_megatron.config.schema import GSPOConfig
+from gspo_megatron.config.sequence_padding import pad_multiple_for
 from gspo_megatron.learner import checkpointing
 from gspo_megatron.learner.batch import MicroBatch, SequenceBatch, StepPlan, plan_step
 from gspo_megatron.learner.forward import forward_chunk, response_logprobs, split_by_sequence
@@ -121,17 +122,14 @@ class Learner:
         c.finalize_model_grads_func = finalize_model_grads
         c.grad_scale_func = self.optimizer.scale_loss
 
-    def _pad_multiple(self) -> int:
-        """Rows / packed rows split into ``2 * cp`` chunks, each CP share into ``tp`` SP shards."""
-        multiple = self.cfg.parallel.tp if self.cfg.parallel.sp else 1
-        return multiple * (2 * self.cp_size if self.cp_size > 1 else 1)
-
     def plan(self, batch: SequenceBatch) -> StepPlan:
         """This rank's micro-batches (same count and length on every rank)."""
         multiple = self.cfg.parallel.pp if self.cfg.parallel.vpp else 1
+        # TP (SP), CP and FP8 padding: one rule, shared with config validation.
         return plan_step(batch, self.dp_rank, self.dp_size,
                          self.cfg.batch.max_tokens_per_micro_batch,
-                         pad_multiple=self._pad_multiple(), num_micro_multiple=multiple,
+                         pad_multiple=pad_multiple_for(self.cfg.parallel, self.model_cfg),
+                         num_micro_multiple=multiple,
                          layout="packed" if self.use_packed_seq else "rows",
                          cp_size=self.cp_size, cp_rank=self.cp_rank)
 

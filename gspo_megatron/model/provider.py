@@ -109,49 +109,8 @@ def transformer_config_kwargs(model: ModelConfig, parallel: ParallelConfig,
     """
     on_gpu = _on_gpu(on_gpu)
     impl = resolve_transformer_impl(model, on_gpu)
-    dtype = resolve_params_dtype(model, on_gpu)
-    fused = on_gpu and impl == "transformer_engine"
-    kwargs = dict(
-        num_layers=model.num_layers,
-        hidden_size=model.hidden_size,
-        ffn_hidden_size=model.ffn_hidden_size,
-        num_attention_heads=model.num_attention_heads,
-        num_query_groups=model.num_query_groups,
-        kv_channels=model.head_dim,
-        normalization="RMSNorm",
-        layernorm_epsilon=model.rms_norm_eps,
-        qk_layernorm=model.qk_layernorm,
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        add_bias_linear=False,
-        add_qkv_bias=False,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        params_dtype=dtype,
-        bf16=dtype == torch.bfloat16,
-        pipeline_dtype=dtype,
-        tensor_model_parallel_size=parallel.tp,
-        pipeline_model_parallel_size=parallel.pp,
-        virtual_pipeline_model_parallel_size=parallel.vpp,
-        context_parallel_size=parallel.cp,
-        sequence_parallel=parallel.sp,
-        expert_model_parallel_size=parallel.ep,
-        expert_tensor_parallel_size=parallel.etp,
-        use_cpu_initialization=not on_gpu,
-        perform_initialization=True,
-        # Fusions need CUDA kernels (apex / TE); the local path computes the same thing unfused.
-        bias_activation_fusion=fused,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        bias_dropout_fusion=fused,
-        apply_rope_fusion=fused,
-        gradient_accumulation_fusion=False,
-        init_method_std=0.02,
-        # gloo matches p2p messages between two ranks in posting order only; Megatron's batched
-        # p2p then swaps activations and gradients under interleaved PP=2 (both directions carry
-        # both). The unbatched path puts the two directions on different groups.
-        batch_p2p_comm=on_gpu,
-    )
+    kwargs = dict(**_architecture_kwargs(model), **_parallel_kwargs(parallel, on_gpu),
+                  **_precision_and_kernel_kwargs(model, impl, on_gpu))
     if parallel.cp > 1 and impl == "transformer_engine":
         kwargs.update(cp_comm_type=cp_comm_type(parallel))
     if model.num_experts > 0:
@@ -168,6 +127,71 @@ def transformer_config_kwargs(model: ModelConfig, parallel: ParallelConfig,
     return kwargs
 
 
+def _architecture_kwargs(model: ModelConfig) -> dict:
+    """Qwen3's shapes: GQA, head dim, RMSNorm, QK-norm, SwiGLU without biases, no dropout."""
+    return dict(
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        ffn_hidden_size=model.ffn_hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_query_groups,
+        kv_channels=model.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=model.rms_norm_eps,
+        qk_layernorm=model.qk_layernorm,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=0.02,
+    )
+
+
+def _parallel_kwargs(parallel: ParallelConfig, on_gpu: bool) -> dict:
+    """The TP / PP / VPP / CP / SP / EP / ETP layout and how pipeline stages talk."""
+    return dict(
+        tensor_model_parallel_size=parallel.tp,
+        pipeline_model_parallel_size=parallel.pp,
+        virtual_pipeline_model_parallel_size=parallel.vpp,
+        # Uneven stages: Megatron computes every stage's layer count and global layer offset
+        # from these two (transformer_block.get_num_layers_to_build,
+        # transformer_layer.get_transformer_layer_offset); conversion, export and resharding
+        # read the global index back from each layer's layer_number.
+        num_layers_in_first_pipeline_stage=parallel.num_layers_in_first_pipeline_stage,
+        num_layers_in_last_pipeline_stage=parallel.num_layers_in_last_pipeline_stage,
+        context_parallel_size=parallel.cp,
+        sequence_parallel=parallel.sp,
+        expert_model_parallel_size=parallel.ep,
+        expert_tensor_parallel_size=parallel.etp,
+        # gloo matches p2p messages between two ranks in posting order only; Megatron's batched
+        # p2p then swaps activations and gradients under interleaved PP=2 (both directions carry
+        # both). The unbatched path puts the two directions on different groups.
+        batch_p2p_comm=on_gpu,
+    )
+
+
+def _precision_and_kernel_kwargs(model: ModelConfig, impl: str, on_gpu: bool) -> dict:
+    """Parameter dtype, where weights are initialised, and which fused kernels may run."""
+    dtype = resolve_params_dtype(model, on_gpu)
+    fused = on_gpu and impl == "transformer_engine"
+    return dict(
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        pipeline_dtype=dtype,
+        use_cpu_initialization=not on_gpu,
+        perform_initialization=True,
+        # Fusions need CUDA kernels (apex / TE); the local path computes the same thing unfused.
+        bias_activation_fusion=fused,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        bias_dropout_fusion=fused,
+        apply_rope_fusion=fused,
+        gradient_accumulation_fusion=False,
+    )
+
+
 def cp_comm_type(parallel: ParallelConfig) -> str:
     """TE's context-parallel communication (``parallel.cp_comm_type``, default ``p2p``)."""
     return parallel.cp_comm_type or "p2p"
@@ -181,6 +205,21 @@ def build_transformer_config(model: ModelConfig, parallel: ParallelConfig,
     return TransformerConfig(**transformer_config_kwargs(model, parallel, on_gpu))
 
 
+def allow_moe_without_transformer_engine() -> None:
+    """Let Megatron's MoE router run where Transformer Engine does not import (GPU or CPU).
+
+    megatron-core 0.16.1 ``transformer/moe/moe_utils.py`` imports ``te_general_gemm`` inside its
+    TE ``try`` block and leaves the name undefined without TE; ``RouterGatingLinearFunction``
+    then tests ``te_general_gemm is not None`` and every MoE forward raises NameError. ``None``
+    is the value that selects its plain ``torch.mm`` branch. (The CPU compatibility layer does
+    the same on CPU; this covers a GPU without TE, e.g. tools/gpu_check.py on a bare image.)
+    """
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
 def build_layer_spec(model: ModelConfig, config, vp_stage: Optional[int] = None):
     """Transformer Engine spec on GPU, local spec with SP-capable norms elsewhere."""
     from megatron.core.models.gpt import gpt_layer_specs
@@ -190,6 +229,8 @@ def build_layer_spec(model: ModelConfig, config, vp_stage: Optional[int] = None)
     )
 
     num_experts = model.num_experts or None
+    if num_experts:
+        allow_moe_without_transformer_engine()
     if resolve_transformer_impl(model) == "transformer_engine":
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
             num_experts=num_experts, moe_grouped_gemm=model.moe_grouped_gemm,

@@ -5,6 +5,11 @@ memory settings; ``python -m gspo_megatron.rollout.reference_server`` on CPU), s
 their output in log files, and stops exactly the processes it started, by PID (SIGTERM, then
 SIGKILL after a grace period). Waiting for health is the engine's job (bounded by
 ``sglang.health_timeout_s``).
+
+Colocated mode needs ``--enable-memory-saver`` (sglang 0.5.23 ``server_args.py``): without it
+``/release_memory_occupation`` answers 200 but frees nothing (a no-op memory-saver adapter), and
+the learner then runs out of memory. Both launchers pass it; a Slurm script that starts servers
+itself must pass it too.
 """
 
 from __future__ import annotations
@@ -43,10 +48,12 @@ def sglang_server_command(cfg, model_path: str, index: int, host: str = "127.0.0
 
 
 def reference_server_command(model_path: str, port: int, host: str = "127.0.0.1",
-                             extra: Sequence[str] = (), python: str = sys.executable) -> List[str]:
+                             extra: Sequence[str] = (), python: str = sys.executable,
+                             enable_memory_saver: bool = False) -> List[str]:
     """Command line of a CPU reference server (same HTTP API as SGLang)."""
+    saver = ["--enable-memory-saver"] if enable_memory_saver else []
     return [python, "-m", "gspo_megatron.rollout.reference_server", "--model-path", model_path,
-            "--host", host, "--port", str(port), *extra]
+            "--host", host, "--port", str(port), *saver, *extra]
 
 
 @dataclass
@@ -98,11 +105,24 @@ class ServerLauncher:
 
 
 def launch_sglang_fleet(cfg, model_path: str, host: str = "127.0.0.1",
-                        log_dir: Optional[str] = None, enable_memory_saver: bool = False,
-                        deterministic: bool = False) -> ServerLauncher:
-    """Start ``cfg.num_servers`` SGLang servers on this node."""
+                        log_dir: Optional[str] = None, enable_memory_saver: bool = False) -> ServerLauncher:
+    """Start ``cfg.num_servers`` SGLang servers (an ``SGLangConfig``) on this node."""
     launcher = ServerLauncher(log_dir)
     for i in range(cfg.num_servers):
-        cmd = sglang_server_command(cfg, model_path, i, host, enable_memory_saver, deterministic)
+        cmd = sglang_server_command(cfg, model_path, i, host, enable_memory_saver,
+                                    cfg.deterministic_inference)
         launcher.start(cmd, f"{host}:{cfg.port + i}")
+    return launcher
+
+
+def launch_reference_fleet(cfg, model_path: str, host: str = "127.0.0.1",
+                           log_dir: Optional[str] = None,
+                           enable_memory_saver: bool = False) -> ServerLauncher:
+    """Start ``cfg.num_servers`` CPU reference servers, server i on ``cfg.port + i``."""
+    launcher = ServerLauncher(log_dir, env={"OMP_NUM_THREADS": "1"})
+    for i in range(cfg.num_servers):
+        port = cfg.port + i
+        launcher.start(reference_server_command(model_path, port, host,
+                                                enable_memory_saver=enable_memory_saver),
+                       f"{host}:{port}")
     return launcher

@@ -9,11 +9,8 @@ Hugging Face names, into the engine.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import shutil
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -22,15 +19,15 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from gspo_megatron.algorithms.losses import get_policy_loss
+from gspo_megatron.checkpoint.learner_hf import export_learner_to_hf, load_hf_into_learner
 from gspo_megatron.config.validate import ConfigError
 from gspo_megatron.data.dataset import load_prompt_dataset
 from gspo_megatron.data.sampler import PromptSampler
 from gspo_megatron.learner.checkpointing import read_meta
 from gspo_megatron.learner.learner import Learner
-from gspo_megatron.learner.sft_loss import sft_loss
-from gspo_megatron.rewards.runner import RewardRequest, RewardRunner
-from gspo_megatron.trainer.hf_weights import (export_learner_to_hf, learner_hf_tensors,
-                                              load_hf_into_learner)
+from gspo_megatron.rewards.runner import RewardRunner
+from gspo_megatron.rewards.scorer import RolloutScorer
+from gspo_megatron.trainer.evaluation import before_after_table
 from gspo_megatron.trainer.metrics_log import MetricsLogger
 from gspo_megatron.trainer.plot import plot_history
 from gspo_megatron.trainer.preemption import PreemptionFlag
@@ -38,31 +35,6 @@ from gspo_megatron.trainer.preemption import PreemptionFlag
 log = logging.getLogger(__name__)
 
 STEP_DIR_PREFIX = "step_"
-
-
-class RolloutScorer:
-    """Decode responses and score them with the reward runner (0 for a failing reward)."""
-
-    def __init__(self, runner: RewardRunner, tokenizer) -> None:
-        self.runner = runner
-        self.tokenizer = tokenizer
-        self._stats: Dict[str, float] = {}
-
-    def score(self, samples, records_by_id) -> List[float]:
-        requests = []
-        for s in samples:
-            record = records_by_id[s.prompt_id]
-            text = self.tokenizer.decode(s.response_token_ids, skip_special_tokens=True)
-            requests.append(RewardRequest(s.prompt_id, text, record.answer, record.metadata))
-        result = self.runner.compute(requests)
-        st = result.stats
-        self._stats = {"reward/num_errors": float(st.num_errors),
-                       "reward/num_timeouts": float(st.num_timeouts),
-                       "time/reward_mean_s": st.mean_time_s}
-        return list(result.rewards)
-
-    def last_stats(self) -> Dict[str, float]:
-        return dict(self._stats)
 
 
 @dataclass
@@ -91,17 +63,14 @@ class TrainerParts:
     reference: Optional[Learner] = None
     """Frozen initial policy for the KL penalty (only when ``algo.kl_coef > 0``)."""
     logger: MetricsLogger = field(default=None)  # type: ignore[assignment]
+    syncer: Any = None
+    """``weight_sync.learner_sync.LearnerWeightSync`` (every rank)."""
 
     # ---- weight sync ---------------------------------------------------------------------
     def weight_sync(self) -> Dict[str, float]:
-        """Stream every learner parameter, in HF names, into the engine (collective)."""
-        named = learner_hf_tensors(self.learner)
-        if self.runtime.is_main:
-            stats = self.engine.update_weights(named, weight_version=str(self.learner.step))
-            return {"weight_sync/gb": stats.num_bytes / 1e9, "weight_sync/gb_per_s": stats.gb_per_s}
-        for _ in named:  # other ranks take part in the gathers and drop the results
-            pass
-        return {}
+        """Stream every learner parameter, in HF names, into the engine (collective); the
+        engine's update protocol (pause, abort, begin, buckets, end, flush, continue) included."""
+        return self.syncer(str(self.learner.step))
 
     # ---- checkpoints ---------------------------------------------------------------------
     def _complete_steps(self) -> List[int]:
@@ -153,49 +122,33 @@ class TrainerParts:
 
     def close(self) -> None:
         if self.engine is not None:
-            self.engine.shutdown()
+            self.engine.shutdown()  # closes its attached transport
+        elif self.syncer is not None and self.syncer.transport is not None:
+            self.syncer.transport.close()  # a pipeline stage's broadcast sender
         if self.logger is not None:
             self.logger.close()
 
 
-@contextlib.contextmanager
-def constant_learning_rate(learner: Learner, lr: float):
-    """Run a stage (the cold start) at its own constant lr, then give the RL schedule back
-    untouched: its step count, warm-up and decay start after the stage."""
-    sched, groups = learner.scheduler, learner.optimizer.param_groups
-    saved = (sched.num_steps, sched.max_lr, sched.min_lr, sched.init_lr,
-             [(g.get("max_lr"), g.get("min_lr")) for g in groups])
-    sched.max_lr = sched.min_lr = sched.init_lr = lr
-    for g in groups:
-        g["max_lr"] = g["min_lr"] = g["lr"] = lr
-    try:
-        yield
-    finally:
-        sched.num_steps, sched.max_lr, sched.min_lr, sched.init_lr, per_group = saved
-        for g, (max_lr, min_lr) in zip(groups, per_group):
-            for key, value in (("max_lr", max_lr), ("min_lr", min_lr)):
-                if value is None:
-                    g.pop(key, None)
-                else:
-                    g[key] = value
-        sched.step(increment=0)  # re-apply the schedule's lr for its current step
+def _build_weight_sync(parts: TrainerParts, cfg, runtime, run_dir: Path):
+    """The engine and its transport on the main rank; a stage sender elsewhere when needed."""
+    from gspo_megatron.weight_sync.factory import (build_stage_transport, build_transport,
+                                                   transport_dst)
+    from gspo_megatron.weight_sync.learner_sync import LearnerWeightSync
 
+    r = cfg.rollout
+    dst = transport_dst(r.weight_sync, r.engine, r.mode)
+    transport = None
+    if runtime.is_main:
+        from gspo_megatron.distributed.cpu_compat import device_redirect_suspended
+        from gspo_megatron.rollout.factory import build_engine
 
-def before_after_table(history: List[Dict[str, float]]) -> str:
-    """First and last evaluated rows of the run, side by side ('' when nothing was evaluated)."""
-    evals = [row for row in history if "eval/accuracy" in row]
-    if not evals:
-        return ""
-    first, last = evals[0], evals[-1]
-    keys = [k for k in first if k.startswith("eval/") and k in last]
-    lines = [f"{'metric':<20} {'step ' + str(int(first['step'])):>12} {'step ' + str(int(last['step'])):>12}"]
-    lines += [f"{k:<20} {first[k]:>12.4f} {last[k]:>12.4f}" for k in keys]
-    return "\n".join(lines)
-
-
-def _weight_sync_address(sync_cfg) -> str:
-    return (sync_cfg.master_address or os.environ.get("GSPO_WEIGHT_SYNC_ADDR")
-            or socket.gethostbyname(socket.gethostname()))
+        parts.engine = build_engine(r, model_path=cfg.model.hf_path, log_dir=str(run_dir / "logs"),
+                                    generation_context=device_redirect_suspended)
+        transport = build_transport(r.weight_sync, parts.engine, r.engine, mode=r.mode,
+                                    server_tp_size=r.sglang.tp, config_dir=cfg.model.hf_path)
+    elif dst == "stage":
+        transport = build_stage_transport(r.weight_sync, r.sglang.tp)
+    return LearnerWeightSync(parts.learner, parts.engine, transport, dst, r.weight_sync.bucket_bytes)
 
 
 def build_parts(cfg, runtime) -> TrainerParts:
@@ -214,7 +167,8 @@ def build_parts(cfg, runtime) -> TrainerParts:
     sampler = PromptSampler(train.records, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
     learner = Learner(cfg, runtime, total_steps=cfg.trainer.num_steps * cfg.batch.num_mini_batches)
     parts = TrainerParts(cfg=cfg, runtime=runtime, learner=learner, tokenizer=tokenizer,
-                         sampler=sampler, policy_loss=get_policy_loss(cfg.algo.loss), sft_loss=sft_loss,
+                         sampler=sampler, policy_loss=get_policy_loss(cfg.algo.loss),
+                         sft_loss=get_policy_loss("sft"),
                          preemption=PreemptionFlag(), run_dir=run_dir, ckpt_root=ckpt_root)
     _initial_weights(parts)
     if cfg.algo.kl_coef > 0:
@@ -222,19 +176,8 @@ def build_parts(cfg, runtime) -> TrainerParts:
         _load_initial(parts.reference, cfg)
     parts.logger = MetricsLogger(run_dir, cfg.logging.wandb,
                                  OmegaConf.to_container(cfg, resolve=True), enabled=runtime.is_main)
+    parts.syncer = _build_weight_sync(parts, cfg, runtime, run_dir)
     if runtime.is_main:
-        from gspo_megatron.rollout.factory import build_engine
-        from gspo_megatron.weight_sync.factory import build_transport
-
-        parts.engine = build_engine(cfg.rollout, model_path=cfg.model.hf_path,
-                                    log_dir=str(run_dir / "logs"))
-        from gspo_megatron.distributed.runtime import free_port
-
-        build_transport(cfg.rollout.weight_sync, parts.engine, mode=cfg.rollout.mode,
-                        server_tp_size=cfg.rollout.sglang.tp,
-                        master_address=_weight_sync_address(cfg.rollout.weight_sync),
-                        master_port=cfg.rollout.weight_sync.master_port or free_port(),
-                        config_dir=cfg.model.hf_path)
         parts.reward_runner = RolloutScorer(RewardRunner.from_config(cfg.reward), tokenizer)
         if cfg.data.eval_path:
             parts.eval_prompts = load_prompt_dataset(cfg.data.eval_path, tokenizer, cfg.data).records

@@ -25,9 +25,9 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from gspo_megatron.learner.optimizer import reset_adam_state
+from gspo_megatron.learner.optimizer import constant_learning_rate, reset_adam_state
 from gspo_megatron.trainer.batching import rollout_to_sequence_batch, sft_batch
-from gspo_megatron.trainer.build import TrainerParts, constant_learning_rate
+from gspo_megatron.trainer.build import TrainerParts
 from gspo_megatron.trainer.evaluation import evaluate_accuracy
 from gspo_megatron.trainer.expert_volatility import ExpertVolatilityProbe
 from gspo_megatron.trainer.old_policy import old_policy_pass
@@ -66,7 +66,12 @@ class GSPOTrainer:
     def sync_weights(self) -> Dict[str, float]:
         start = time.perf_counter()
         stats = self.p.weight_sync()
+        if self._colocated_main():  # the KV cache comes back and generation goes on
+            self.p.engine.resume_memory()
         return {"time/weight_sync_s": time.perf_counter() - start, **stats}
+
+    def _colocated_main(self) -> bool:
+        return self.p.runtime.is_main and self.cfg.rollout.mode == "colocated"
 
     def evaluate(self) -> Dict[str, float]:
         if not self.p.runtime.is_main or self.p.eval_prompts is None:
@@ -80,7 +85,7 @@ class GSPOTrainer:
         t = self.cfg.trainer
         stop = SftStopRule(t.sft_stop_loss)
         steps = 0
-        with constant_learning_rate(self.p.learner, t.sft_lr):
+        with constant_learning_rate(self.p.learner.optimizer, self.p.learner.scheduler, t.sft_lr):
             for i in tqdm(range(t.num_sft_steps), desc="cold-start SFT", dynamic_ncols=True,
                           disable=not self.p.runtime.is_main):
                 records = self.p.sampler.next_batch(t.sft_batch_size)
@@ -105,6 +110,8 @@ class GSPOTrainer:
         if p.runtime.is_main:
             rollout = collect_rollout(p.sampler, p.engine, p.reward_runner, p.tokenizer, cfg,
                                       self.step)
+        if self._colocated_main():  # the learner's phases get the servers' memory
+            p.engine.release_memory()
         rollout = _broadcast_object(rollout, p)
         if not p.runtime.is_main:  # every rank's sampler keeps the main rank's data position
             p.sampler.next_batch(rollout.num_prompts_drawn)

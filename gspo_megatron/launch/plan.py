@@ -1,0 +1,194 @@
+"""The launch plan of one training job: which node runs what, with which command line.
+
+    plan = build_plan(cfg, nodes, job)   # cfg validated against the allocation
+    plan.learner_argv, plan.servers, plan.mounts, plan.trainer_overrides
+
+Learners: the first ``num_learner_nodes`` nodes (every node when colocated), one ``torchrun``
+per node with ``launch.devices_per_node`` ranks, rendezvous on the first learner node. Which
+learner ends up global rank 0 is torchrun's choice; rank 0 publishes its own address for the
+weight-update group (``trainer/build.py``), so nothing here depends on it.
+Servers: ``servers_per_node`` per rollout node, server ``i`` of a node on ``rollout.sglang.port +
+i`` and devices ``[i * tp * dp, (i + 1) * tp * dp)``; the command lines come from
+``rollout/sglang_launcher.py`` (the one place that turns ``rollout.sglang`` into SGLang flags),
+so the servers' TP and the update group's size both come from ``rollout.sglang``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+from gspo_megatron.config.allocation import NodeRoles, devices_per_server, node_roles, runs_servers
+from gspo_megatron.launch.mounts import Mount, absolute_path, container_mounts
+from gspo_megatron.rollout.sglang_launcher import reference_server_command, sglang_server_command
+
+# Flags the config owns; GSPO_SGLANG_EXTRA_ARGS may not set them (a second source of the fleet).
+CONFIG_OWNED_SGLANG_FLAGS = ("--model-path", "--tp-size", "--dp-size", "--ep-size", "--port",
+                             "--base-gpu-id", "--host", "--tensor-parallel-size",
+                             "--data-parallel-size", "--expert-parallel-size")
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node of the allocation: its Slurm name and the address other nodes reach it at."""
+
+    name: str
+    addr: str
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """What the job script knows besides the config: repository, interpreter, ids, entries."""
+
+    repo: str
+    config_path: str
+    python: str = "python"
+    job_id: str = "0"
+    restart: int = 0
+    cpus_per_node: int = 1
+    train_entry: Sequence[str] = ("-m", "gspo_megatron.cli.train")
+    rollout_entry: Optional[Sequence[str]] = None
+    """Replaces ``-m <server module>`` of the server command (tests use stand-ins)."""
+    sglang_extra_args: Sequence[str] = ()
+    rdzv_port: Optional[int] = None
+    user_mounts: Sequence[Mount] = ()
+
+
+@dataclass(frozen=True)
+class ServerTask:
+    """One rollout server: Slurm task ``local_id`` of ``node``."""
+
+    node: str
+    local_id: int
+    address: str
+    devices: List[int]
+    """Device indices of the node the server uses (``--base-gpu-id`` onwards)."""
+    argv: List[str]
+
+    @property
+    def health_url(self) -> str:
+        return f"http://{self.address}/health"
+
+
+@dataclass
+class LaunchPlan:
+    """Everything the job script starts (and a dry run prints)."""
+
+    roles: NodeRoles
+    learner_nodes: List[Node]
+    rollout_nodes: List[Node]
+    servers: List[ServerTask]
+    learner_argv: List[str]
+    trainer_overrides: List[str]
+    mounts: List[Mount]
+    learner_srun: List[str] = field(default_factory=list)
+    rollout_srun: List[str] = field(default_factory=list)
+
+    @property
+    def learner_world_size(self) -> int:
+        return len(self.learner_nodes) * self.roles.learner_procs_per_node
+
+    def update_group_size(self, cfg) -> int:
+        """Ranks of the broadcast weight-update group: learner rank 0 and every server's TP
+        workers (``rollout.sglang.tp``, the value the servers were started with)."""
+        return 1 + len(self.servers) * (cfg.rollout.sglang.tp if cfg.rollout.engine == "sglang" else 1)
+
+
+def split_nodes(cfg, nodes: Sequence[Node]) -> tuple:
+    """(learner nodes, rollout nodes) of a validated config over the job's nodes, in order."""
+    roles = node_roles(cfg)
+    if cfg.rollout.mode == "colocated":
+        return roles, list(nodes), list(nodes) if roles.servers_per_node else []
+    learners = list(nodes[:roles.num_learner_nodes])
+    return roles, learners, list(nodes[roles.num_learner_nodes:]) if roles.servers_per_node else []
+
+
+def check_extra_sglang_args(args: Sequence[str]) -> None:
+    """Refuse extra server flags that would contradict the config's fleet."""
+    for arg in args:
+        name = arg.split("=", 1)[0]
+        if name in CONFIG_OWNED_SGLANG_FLAGS:
+            raise ValueError(f"GSPO_SGLANG_EXTRA_ARGS may not set {name}: it comes from the config "
+                             "(rollout.sglang.*, model.hf_path)")
+
+
+def _with_entry(argv: List[str], entry: Optional[Sequence[str]]) -> List[str]:
+    """``[python, -m, module, *args]`` with ``-m module`` replaced by ``entry``."""
+    if not entry:
+        return argv
+    assert argv[1] == "-m", argv
+    return [argv[0], *entry, *argv[3:]]
+
+
+def server_tasks(cfg, rollout_nodes: Sequence[Node], roles: NodeRoles, job: JobSettings,
+                 model_path: str) -> List[ServerTask]:
+    """Every server of the fleet, node by node, with its full command line."""
+    s = cfg.rollout.sglang
+    per_server = devices_per_server(s) if cfg.rollout.engine == "sglang" else 1
+    tasks = []
+    for node in rollout_nodes:
+        for i in range(roles.servers_per_node):
+            if cfg.rollout.engine == "sglang":
+                argv = sglang_server_command(
+                    s, model_path, i, host="0.0.0.0", python=job.python,
+                    enable_memory_saver=cfg.rollout.mode == "colocated",
+                    deterministic=s.deterministic_inference) + list(job.sglang_extra_args)
+            else:
+                argv = reference_server_command(model_path, s.port + i, host="0.0.0.0", python=job.python,
+                                                enable_memory_saver=cfg.rollout.mode == "colocated")
+            devices = list(range(i * per_server, (i + 1) * per_server))
+            tasks.append(ServerTask(node.name, i, f"{node.addr}:{s.port + i}", devices,
+                                    _with_entry(argv, job.rollout_entry)))
+    return tasks
+
+
+def build_plan(cfg, nodes: Sequence[Node], job: JobSettings,
+               overrides: Sequence[str] = ()) -> LaunchPlan:
+    """The plan of ``cfg`` (already validated with ``launch.num_nodes = len(nodes)``).
+
+    ``overrides`` are the dot-list overrides ``cfg`` was loaded with; the trainer gets them plus
+    the server addresses, after them so that they win.
+    """
+    check_extra_sglang_args(job.sglang_extra_args)
+    roles, learners, rollout_nodes = split_nodes(cfg, nodes)
+    servers = []
+    if runs_servers(cfg.rollout):
+        if not cfg.model.hf_path:
+            raise ValueError("model.hf_path: the rollout servers load it first; set it (or GSPO_HF_DIR)")
+        servers = server_tasks(cfg, rollout_nodes, roles, job, absolute_path(cfg.model.hf_path, job.repo))
+    trainer_overrides = list(overrides)
+    if servers:
+        trainer_overrides.append(f"rollout.sglang.server_addresses=[{','.join(s.address for s in servers)}]")
+    port = job.rdzv_port or 29500 + int(job.job_id) % 1000
+    learner_argv = [job.python, "-m", "torch.distributed.run", f"--nnodes={len(learners)}",
+                    f"--nproc-per-node={roles.learner_procs_per_node}", "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint={learners[0].addr}:{port}",
+                    f"--rdzv-id={job.job_id}-r{job.restart}", "--max-restarts=0",
+                    *job.train_entry, job.config_path, *trainer_overrides]
+    plan = LaunchPlan(roles=roles, learner_nodes=learners, rollout_nodes=rollout_nodes, servers=servers,
+                      learner_argv=learner_argv, trainer_overrides=trainer_overrides,
+                      mounts=container_mounts(cfg, job.repo, job.user_mounts))
+    plan.learner_srun = [f"--nodes={len(learners)}", f"--ntasks={len(learners)}", "--ntasks-per-node=1",
+                         f"--cpus-per-task={max(job.cpus_per_node, 1)}",
+                         f"--nodelist={','.join(n.name for n in learners)}"]
+    if servers:
+        per_node = roles.servers_per_node
+        plan.rollout_srun = [f"--nodes={len(rollout_nodes)}", f"--ntasks={len(servers)}",
+                             f"--ntasks-per-node={per_node}",
+                             f"--cpus-per-task={max(job.cpus_per_node // per_node, 1)}",
+                             f"--nodelist={','.join(n.name for n in rollout_nodes)}"]
+    return plan
+
+
+def server_for(plan_servers: Sequence[Dict], node: str, local_id: int) -> Dict:
+    """The server entry (from the plan's JSON) of Slurm task ``local_id`` on ``node``."""
+    for server in plan_servers:
+        if server["node"] == node and server["local_id"] == local_id:
+            return server
+    raise LookupError(f"the launch plan has no server for task {local_id} on node {node}")
+
+
+def bash_array(name: str, values: Sequence[str]) -> str:
+    """``NAME=(...)`` with every value quoted for bash."""
+    return f"{name}=({' '.join(shlex.quote(str(v)) for v in values)})"
