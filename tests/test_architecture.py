@@ -34,8 +34,7 @@ KNOWN: Dict[str, Dict[str, str]] = {
                     "engine session; move it onto weight_sync.sync.run_update after its first GPU run"
                     for m in ("gpu_check.weight_sync_check", "weight_sync.sync")},
     "build": {"gspo_megatron.trainer.build defines ResumeState": "i18: checkpoint resume module"},
-    "config": {"RolloutConfig.overlap_one_step": "i17: rollout.overlap_one_step",
-               "LoggingConfig.log_every_steps": "i16: logging.log_every_steps"},
+    "config": {"RolloutConfig.overlap_one_step": "i17: rollout.overlap_one_step"},
 }
 
 
