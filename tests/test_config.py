@@ -88,6 +88,16 @@ def test_missing_file_and_cycle_are_reported(tmp_path):
     (["parallel.world_size=8", "parallel.tp=2", "parallel.sp=true", "batch.num_prompts_per_step=1",
       "rollout.n_samples_per_prompt=4", "batch.num_mini_batches=4"],
      "cannot feed 4 data-parallel ranks"),
+    (["algo.tis.enabled=true", "algo.old_logprob_source=rollout"], "every weight would be 1"),
+    (["algo.routing_replay=true", "algo.old_logprob_source=rollout"],
+     "recorded by the learner's old-log-prob pass"),
+    (["algo.routing_replay=true", "model.arch=qwen3", "model.num_experts=0"],
+     "routing replay needs an MoE model"),
+    (["algo.routing_replay=true", "model.recompute=full", "parallel.pp=2"],
+     "needs parallel.pp=1"),
+    (["algo.diagnostics.length_bucket_edges=[64,16]"], "must be increasing integers"),
+    (["algo.diagnostics.log_ratio_bin_edges=[0.1,0.0]"], "must be increasing"),
+    (["algo.diagnostics.expert_volatility_num_seqs=-1"], "must be >= 0"),
 ])
 def test_inconsistent_layouts_and_settings_are_refused(overrides, message):
     base = ["model.num_experts=4", "parallel.world_size=8"]
@@ -96,7 +106,7 @@ def test_inconsistent_layouts_and_settings_are_refused(overrides, message):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("trainer.num_steps=-1", "trainer.num_steps: -1 must be >= 1"),
+    ("trainer.num_steps=-1", "trainer.num_steps: -1 must be >= 0"),
     ("trainer.num_sft_steps=-5", "trainer.num_sft_steps: -5 must be >= 0"),
     ("checkpoint.save_every_steps=-2", "checkpoint.save_every_steps: -2 must be >= 0"),
     ("checkpoint.keep_last=0", "checkpoint.keep_last: 0 must be >= 1"),

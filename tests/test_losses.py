@@ -116,6 +116,19 @@ def test_on_policy_every_ratio_is_one_and_nothing_is_clipped():
         assert bool((_grad(out, logp) != 0).all())
 
 
+def test_approx_kl_is_k3_of_kl_old_new_and_every_loss_reports_length_diagnostics():
+    old = torch.full((6,), -1.0)
+    delta = torch.tensor([0.3, -0.2, 0.1, 0.0, -0.5, 0.4])
+    for name in ("gspo", "gspo_token", "grpo"):
+        out = get_policy_loss(name)(_inputs((old + delta).requires_grad_(), old, [1.0, -1.0],
+                                            lengths=[2, 4]), AlgorithmConfig(loss=name))
+        m = metrics_to_floats(out.metrics)
+        # KL(old || new) from samples of pi_old: E[r - 1 - log r], r = pi_new / pi_old.
+        assert m["approx_kl"] == pytest.approx(float((delta.exp() - 1 - delta).mean())), name
+        assert m["len_le256/seq_frac"] == 1.0 and m["len_gt4096/seq_frac"] == 0.0, name
+        assert m["seq_log_ratio_max"] == pytest.approx(0.05), name  # mean(0.3, -0.2)
+
+
 def test_sequence_ratio_is_a_length_normalised_mean_not_a_sum():
     n = 1000
     old = torch.full((n,), -2.0)
@@ -244,6 +257,8 @@ def _cp_worker(rank: int) -> dict:
                      "grad": (_grad(res, local) - whole_grad[part]).abs().max().item(),
                      "ratio": [fm[k] - fw[k] for k in ("ratio_mean", "ratio_min", "ratio_max")],
                      "clip": fm["clip_frac_token"] - fw["clip_frac_token"],
+                     "by_length": max(abs(fm[k] - fw[k]) for k in fw
+                                      if k.startswith(("len_", "seq_log_ratio"))),
                      "clipped_any": fw["clip_frac_seq"]}
     try:
         all_reduce_metrics({f"only_on_rank_{rank}": torch.zeros(2, dtype=torch.float64)}, group)
@@ -260,6 +275,7 @@ def test_cp2_split_sequences_equal_single_rank():
         for name, r in res.items():
             assert r["value"] < 1e-6 and r["grad"] < 1e-6, (name, r)
             assert max(abs(d) for d in r["ratio"]) < 1e-6 and abs(r["clip"]) < 1e-9, (name, r)
+            assert r["by_length"] < 1e-6, (name, r)
         assert 0 < res["gspo"]["clipped_any"] < 1
 
 

@@ -56,6 +56,11 @@ def _check_run(run_dir: Path, num_steps: int) -> list:
         assert 0.0 <= row["reward/mean"] <= 1.0
         assert 0.0 <= row["train/clip_frac_token"] <= 1.0 and row["train/grad_norm"] >= 0.0
         assert row["weight_sync/gb"] > 0
+        # Expert volatility (the tiny model is MoE) and the per-length diagnostics.
+        assert 0.0 <= row["routing/activated_expert_changed_frac"] <= \
+            row["routing/expert_set_changed_frac"] <= 1.0
+        buckets = [k for k in row if k.startswith("train/len_") and k.endswith("/seq_frac")]
+        assert buckets and sum(row[k] for k in buckets) == pytest.approx(1.0)
     assert (run_dir / "config.yaml").is_file() and (run_dir / "metrics.png").is_file()
     assert (run_dir / "hf_export" / "config.json").is_file()
     return rows
@@ -77,8 +82,8 @@ def test_loop_single_process(assets, tmp_path, algo, source):
 @pytest.mark.slow
 @pytest.mark.parametrize("layout, algo, source", [
     (["parallel.tp=2", "parallel.sp=true"], "gspo", "learner"),
-    (["parallel.ep=2", "algo.tis.enabled=true"], "grpo", "rollout"),
-], ids=["tp2_gspo_learner", "ep2_grpo_rollout_tis"])
+    (["parallel.ep=2", "algo.tis.enabled=true", "algo.routing_replay=true"], "grpo", "learner"),
+], ids=["tp2_gspo_learner", "ep2_grpo_learner_tis_routing_replay"])
 def test_loop_two_gloo_ranks(assets, tmp_path, layout, algo, source):
     extra = [*layout, f"algo.loss={algo}", f"algo.old_logprob_source={source}", "trainer.num_steps=2"]
     if algo == "grpo":

@@ -125,7 +125,8 @@ def gspo_loss(inputs: PolicyLossInputs, cfg) -> LossOutput:
                                inputs, over_cp=False)
         per_seq = per_seq - per_seq.detach() + share * per_seq.detach()
     low, high = _clip_masks(ratio, adv, cfg)
-    metrics.update(terms.clip_metrics(low[inputs.seq_index], high[inputs.seq_index], inputs, ratio))
+    metrics.update(terms.clip_metrics(low[inputs.seq_index], high[inputs.seq_index], inputs, ratio,
+                                      seq_log_ratio, cfg))
     return _finish(per_seq.sum(), inputs, cfg, inputs.global_num_seqs,
                    lambda x: _seq_mean_token_mean(x, inputs), metrics)
 
@@ -136,14 +137,15 @@ def gspo_token_loss(inputs: PolicyLossInputs, cfg) -> LossOutput:
     terms.validate_inputs(inputs, cfg)
     weights, metrics = terms.tis_weights(inputs, cfg)
     logp = inputs.logprobs.float()
-    seq_ratio = torch.exp(terms.seq_mean((logp - inputs.old_logprobs.float()).detach(), inputs))
+    seq_log_ratio = terms.seq_mean((logp - inputs.old_logprobs.float()).detach(), inputs)
+    seq_ratio = torch.exp(seq_log_ratio)
     ratio = seq_ratio[inputs.seq_index] * torch.exp(logp - logp.detach())
     adv = inputs.advantages.float()
     per_token = -_clipped_objective(ratio, adv, cfg)
     if weights is not None:
         per_token = per_token * weights
     low, high = _clip_masks(ratio, adv, cfg)
-    metrics.update(terms.clip_metrics(low, high, inputs, seq_ratio))
+    metrics.update(terms.clip_metrics(low, high, inputs, seq_ratio, seq_log_ratio, cfg))
     aggregate = lambda x: _seq_mean_token_mean(x, inputs)  # noqa: E731
     metrics["pg_loss"] = metric_mean(terms.seq_mean(per_token.detach(), inputs))
     return _finish(aggregate(per_token), inputs, cfg, inputs.global_num_seqs, aggregate, metrics)
@@ -154,7 +156,8 @@ def grpo_loss(inputs: PolicyLossInputs, cfg) -> LossOutput:
     """Token-level ratios ``r_t = exp(l_t)`` with asymmetric clipping (DAPO clip-higher)."""
     terms.validate_inputs(inputs, cfg)
     weights, metrics = terms.tis_weights(inputs, cfg)
-    ratio = torch.exp(inputs.logprobs.float() - inputs.old_logprobs.float())
+    log_ratio = inputs.logprobs.float() - inputs.old_logprobs.float()
+    ratio = torch.exp(log_ratio)
     adv = inputs.advantages.float()
     per_token = -_clipped_objective(ratio, adv, cfg)
     if weights is not None:
@@ -167,7 +170,9 @@ def grpo_loss(inputs: PolicyLossInputs, cfg) -> LossOutput:
         raise ValueError(f"algo.grpo_aggregation={cfg.grpo_aggregation!r}; expected "
                          "'token_mean' or 'seq_mean_token_mean'")
     low, high = _clip_masks(ratio, adv, cfg)
-    metrics.update(terms.clip_metrics(low, high, inputs, ratio))
+    # The sequence log-ratio is only a diagnostic here (GRPO clips tokens).
+    metrics.update(terms.clip_metrics(low, high, inputs, ratio,
+                                      terms.seq_mean(log_ratio.detach(), inputs), cfg))
     metrics["pg_loss"] = metric_mean(per_token)
     return _finish(aggregate(per_token), inputs, cfg, normaliser, aggregate, metrics)
 

@@ -171,6 +171,25 @@ class TISConfig:
 
 
 @dataclass
+class DiagnosticsConfig:
+    """What the update does beyond the loss value (GSPO paper, section 5): per-length clipping
+    and sequence log-ratios (logged by every loss) and MoE expert volatility (the trainer)."""
+
+    length_bucket_edges: List[int] = field(default_factory=lambda: [256, 1024, 4096])
+    """Upper edges (response tokens, increasing) of the response-length buckets; responses
+    longer than the last edge form one more bucket. Metrics ``train/len_<bucket>/...``."""
+    log_ratio_bin_edges: List[float] = field(
+        default_factory=lambda: [-1e-2, -1e-3, -3e-4, 0.0, 4e-4, 1e-3, 1e-2])
+    """Edges (increasing) of the histogram of sequence log-ratios ``mean_t(log pi - log pi_old)``
+    per length bucket; ``len(edges) + 1`` bins, the outer two open-ended. The defaults straddle
+    GSPO's clip range (log(1 - 3e-4), log(1 + 4e-4))."""
+    expert_volatility_num_seqs: int = 32
+    """MoE only: sequences of each rollout batch (evenly spaced) whose top-k experts are
+    compared before and after the step's updates (two forward passes over them; metrics
+    ``routing/*``). 0 turns it off; more than the batch means the whole batch."""
+
+
+@dataclass
 class AlgorithmConfig:
     """Policy-gradient objective; ``loss`` picks a registered loss, nothing else branches on it."""
 
@@ -191,7 +210,15 @@ class AlgorithmConfig:
     old_logprob_source: str = "learner"
     """``learner`` (recompute) or ``rollout`` (the engine's log-probs, paper section 5.4)."""
     tis: TISConfig = field(default_factory=TISConfig)
+    """Truncated IS against the engine; needs ``old_logprob_source=learner`` (with the engine's
+    log-probs as pi_old every weight would be 1)."""
+    routing_replay: bool = False
+    """MoE: the paper's Routing Replay (section 5.3, what GRPO needs on MoE models): the
+    learner's old-log-prob pass records the experts of every token (per mini-batch) and each
+    training pass of the same rollout batch replays them (Megatron-Core's ``RouterReplay``).
+    Off for GSPO, which does not need it. Needs ``old_logprob_source=learner``."""
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
 
 
 @dataclass
@@ -316,8 +343,8 @@ class WandbConfig:
 class LoggingConfig:
     run_dir: str = "runs/default"
     """All outputs of a run: resolved config, metrics.jsonl, plots, checkpoints, logs."""
-    log_every_steps: int = 1
     plot: bool = True
+    """Write ``metrics.png`` (``trainer/plot.py``) at the end of the run."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
@@ -326,6 +353,7 @@ class TrainerConfig:
     """The RL loop."""
 
     num_steps: int = 10
+    """RL steps; 0 runs only the cold start and exports it (the paper reproduction's shared SFT)."""
     seed: int = 1234
     eval_every_steps: int = 0
     """0 evaluates only before and after training."""
@@ -335,6 +363,10 @@ class TrainerConfig:
     """Constant learning rate of the cold-start steps (RL uses ``optimizer.lr``)."""
     sft_batch_size: int = 64
     """Prompts (with their reference answers) per cold-start step."""
+    sft_stop_loss: Optional[float] = None
+    """End the cold start early once the SFT loss, averaged over the last 20 steps, is below
+    this (None: always ``num_sft_steps``). Where the loss drops suddenly at a seed- and
+    machine-dependent step, a loss target starts RL from comparable policies everywhere."""
     reset_optimizer_after_sft: bool = True
     """Start RL with fresh Adam moments: the SFT-era second moments otherwise damp RL updates
     for ~1/(1-beta2) steps."""

@@ -105,7 +105,7 @@ def _check_fleet_and_allocation(cfg, check) -> None:
 # A negative step count or a zero token budget would otherwise be accepted and fail (or do
 # nothing) much later.
 LOWER_BOUNDS = (
-    ("trainer.num_steps", 1, True), ("trainer.num_sft_steps", 0, True),
+    ("trainer.num_steps", 0, True), ("trainer.num_sft_steps", 0, True),
     ("trainer.sft_batch_size", 1, True), ("trainer.eval_every_steps", 0, True),
     ("trainer.sft_lr", 0.0, False),
     ("checkpoint.save_every_steps", 0, True), ("checkpoint.keep_last", 1, True),
@@ -191,6 +191,36 @@ def _check_optimizer_memory_options(cfg, check) -> None:
           f"{o.offload_fraction} must be in (0, 1]")
 
 
+def _check_paper_experiments(cfg, check) -> None:
+    """Routing replay, TIS and the diagnostics: combinations that would not do what they say."""
+    a, m = cfg.algo, cfg.model
+    check(not a.tis.enabled or a.old_logprob_source == "learner", "algo.tis.enabled",
+          "TIS weights min(pi_old / pi_rollout, C) need pi_old from the learner; with "
+          "algo.old_logprob_source=rollout pi_old *is* the engine's, every weight would be 1 "
+          "(the ratio already divides by the engine's log-probs): set "
+          "algo.old_logprob_source=learner or disable algo.tis")
+    if a.routing_replay:
+        check(m.arch == "qwen3_moe" and m.num_experts > 0, "algo.routing_replay",
+              "routing replay needs an MoE model")
+        check(a.old_logprob_source == "learner", "algo.routing_replay",
+              "the routing to replay is recorded by the learner's old-log-prob pass: set "
+              "algo.old_logprob_source=learner")
+        check(m.recompute != "full" or cfg.parallel.pp == 1, "algo.routing_replay",
+              "with model.recompute=full the backward re-runs the router; replaying the right "
+              "micro-batch's experts there needs parallel.pp=1")
+    d = a.diagnostics
+    edges = list(d.length_bucket_edges)
+    check(all(e >= 1 for e in edges) and edges == sorted(set(edges)),
+          "algo.diagnostics.length_bucket_edges", f"{edges} must be increasing integers >= 1")
+    bins = list(d.log_ratio_bin_edges)
+    check(bins == sorted(set(bins)), "algo.diagnostics.log_ratio_bin_edges",
+          f"{bins} must be increasing")
+    check(d.expert_volatility_num_seqs >= 0, "algo.diagnostics.expert_volatility_num_seqs",
+          "must be >= 0 (0 turns it off)")
+    stop = cfg.trainer.sft_stop_loss
+    check(stop is None or stop > 0, "trainer.sft_stop_loss", f"{stop} must be > 0 (or null)")
+
+
 def validate_config(cfg, world_size: Optional[int] = None) -> None:
     """Raise ConfigError listing every inconsistency found; return None when all is well.
 
@@ -217,6 +247,7 @@ def validate_config(cfg, world_size: Optional[int] = None) -> None:
     _check_fleet_and_allocation(cfg, check)
     _check_optimizer(cfg, check)
     _check_optimizer_memory_options(cfg, check)
+    _check_paper_experiments(cfg, check)
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
 

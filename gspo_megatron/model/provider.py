@@ -95,6 +95,9 @@ def _moe_kwargs(model: ModelConfig, on_gpu: bool) -> dict:
         moe_expert_capacity_factor=None,  # dropless: every token reaches its top-k experts
         moe_shared_expert_intermediate_size=None,
         moe_permute_fusion=on_gpu and model.moe_token_dispatcher == "alltoall",
+        # A RouterReplay per router (moe/router.py): inert until the learner sets an action, it
+        # lets routing replay and the expert-volatility metric record / replay the top-k.
+        moe_enable_routing_replay=True,
     )
 
 

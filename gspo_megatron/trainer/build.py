@@ -74,7 +74,8 @@ class TrainerParts:
         if self.runtime.is_main:
             if self.cfg.logging.plot:
                 try:
-                    plot_history(self.logger.history, self.run_dir / "metrics.png")
+                    plot_history(self.logger.history, self.run_dir / "metrics.png",
+                                 bin_edges=self.cfg.algo.diagnostics.log_ratio_bin_edges)
                 except OSError as exc:  # the plot is a convenience; metrics.jsonl has the data
                     log.warning("could not write %s: %s", self.run_dir / "metrics.png", exc)
             log.info("exported the final policy to %s", out)

@@ -3,8 +3,10 @@
     for step in steps:
         rollout  = collect_rollout(...)                  # main rank: engine + rewards + advantages
         batch    = broadcast(rollout) -> SequenceBatch   # every learner rank
-        old_lp   = learner.compute_logprobs(batch)       # or the engine's (algo.old_logprob_source)
-        for mini in split(batch, batch.num_mini_batches): learner.train_step(mini, loss)
+        old      = old_policy_pass(learner, batch)       # pi_old per mini-batch: learner or engine
+        probe    = ExpertVolatilityProbe.start(...)      # MoE routing of a sample, before ...
+        for mini, routing in old: learner.train_step(mini, loss, routing)  # routing: replay or None
+        probe.finish()                                   # ... and after: expert volatility
         sync_weights(learner -> engine)
         log / evaluate / checkpoint
 
@@ -24,11 +26,13 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from gspo_megatron.learner.optimizer import constant_learning_rate, reset_adam_state
-from gspo_megatron.trainer.batching import (rollout_to_sequence_batch, sft_batch,
-                                            split_mini_batches, with_old_logprobs)
+from gspo_megatron.trainer.batching import rollout_to_sequence_batch, sft_batch
 from gspo_megatron.trainer.build import TrainerParts
 from gspo_megatron.trainer.evaluation import evaluate_accuracy
+from gspo_megatron.trainer.expert_volatility import ExpertVolatilityProbe
+from gspo_megatron.trainer.old_policy import old_policy_pass
 from gspo_megatron.trainer.preemption import REQUEUE_EXIT_CODE
+from gspo_megatron.trainer.sft_stop import SftStopRule
 from gspo_megatron.trainer.rollout_step import collect_rollout
 
 log = logging.getLogger(__name__)
@@ -75,20 +79,29 @@ class GSPOTrainer:
         return evaluate_accuracy(self.p.engine, self.p.eval_prompts, self.p.reward_runner,
                                  self.p.tokenizer, self.cfg)
 
-    def cold_start(self) -> None:
-        """Supervised steps on reference answers before RL (the paper cold-starts its model)."""
+    def cold_start(self) -> Dict[str, float]:
+        """Supervised steps on reference answers before RL (the paper cold-starts its model);
+        ``trainer.sft_stop_loss`` may end them early (``trainer/sft_stop.py``)."""
         t = self.cfg.trainer
+        stop = SftStopRule(t.sft_stop_loss)
+        steps = 0
         with constant_learning_rate(self.p.learner.optimizer, self.p.learner.scheduler, t.sft_lr):
             for i in tqdm(range(t.num_sft_steps), desc="cold-start SFT", dynamic_ncols=True,
                           disable=not self.p.runtime.is_main):
                 records = self.p.sampler.next_batch(t.sft_batch_size)
                 batch = sft_batch(records, self.p.tokenizer)
                 metrics = self.p.learner.train_step(batch, self.p.sft_loss, temperature=1.0)
-                if self.p.runtime.is_main and (i % 50 == 0 or i + 1 == t.num_sft_steps):
-                    log.info("sft step %d/%d loss %.4f", i + 1, t.num_sft_steps,
-                             metrics.get("loss", float("nan")))
+                steps = i + 1
+                done = stop.update(metrics.get("loss", float("nan")))
+                if self.p.runtime.is_main and (i % 50 == 0 or done or steps == t.num_sft_steps):
+                    log.info("sft step %d/%d loss %.4f%s", steps, t.num_sft_steps,
+                             metrics.get("loss", float("nan")),
+                             f" (mean {stop.mean_loss:.4f} < {t.sft_stop_loss}: stop)" if done else "")
+                if done:
+                    break
         if t.num_sft_steps and t.reset_optimizer_after_sft:
             reset_adam_state(self.p.learner.optimizer)
+        return {"sft/num_steps": float(steps), "sft/loss_mean": stop.mean_loss} if steps else {}
 
     def rl_step(self) -> Dict[str, float]:
         cfg, p = self.cfg, self.p
@@ -109,25 +122,22 @@ class GSPOTrainer:
             metrics["data/active_prompts"] = float(p.sampler.num_active)
 
         t1 = time.perf_counter()
-        if cfg.algo.old_logprob_source == "learner" or cfg.algo.tis.enabled:
-            learner_lp = p.learner.compute_logprobs(batch).logprobs
-            mismatch = [float((a - torch.tensor(s.response_logprobs)).abs().mean())
-                        for a, s in zip(learner_lp, rollout.samples)]
-            metrics["rollout/learner_vs_engine_abs_logp"] = sum(mismatch) / len(mismatch)
-            if cfg.algo.old_logprob_source == "learner":
-                batch = with_old_logprobs(batch, learner_lp)
         if p.reference is not None:
             batch = replace(batch, ref_logprobs=p.reference.compute_logprobs(batch).logprobs)
+        old = old_policy_pass(p.learner, batch, cfg)  # + the routing to replay (routing replay)
+        metrics.update(old.metrics)
         metrics["time/old_logprobs_s"] = time.perf_counter() - t1
 
+        volatility = ExpertVolatilityProbe.start(p.learner, batch, cfg)
         t2 = time.perf_counter()
-        minis = split_mini_batches(batch, cfg.batch.num_mini_batches, cfg.rollout.n_samples_per_prompt)
-        for mini in minis:
-            step_metrics = p.learner.train_step(mini, p.policy_loss)
-            for k, v in step_metrics.items():  # mean over the mini-batches of this step
-                key = f"train/{k}"
-                metrics[key] = metrics.get(key, 0.0) + v / len(minis)
+        per_mini: Dict[str, list] = {}
+        for mini, routing in zip(old.mini_batches, old.routings):
+            for k, v in p.learner.train_step(mini, p.policy_loss, routing=routing).items():
+                per_mini.setdefault(f"train/{k}", []).append(v)
+        # Mean over the mini-batches that report a metric (a length bucket may be empty in some).
+        metrics.update({k: sum(v) / len(v) for k, v in per_mini.items()})
         metrics["time/update_s"] = time.perf_counter() - t2
+        metrics.update(volatility.finish())
         metrics.update(self.sync_weights())
         metrics["time/step_s"] = time.perf_counter() - t0
         return metrics
@@ -149,12 +159,12 @@ class GSPOTrainer:
         if self._preempted_before_first_step():
             return REQUEUE_EXIT_CODE
         if resumed is None:
-            self.cold_start()
+            sft = self.cold_start()
             if self._preempted_before_first_step():
                 return REQUEUE_EXIT_CODE
             self.sync_weights()
             if p.runtime.is_main:
-                p.logger.log(0, self.evaluate())
+                p.logger.log(0, {**sft, **self.evaluate()})
         else:
             self.sync_weights()
         eval_every = cfg.trainer.eval_every_steps

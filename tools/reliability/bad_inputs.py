@@ -128,7 +128,7 @@ CASES: List[BadInput] = [
     BadInput("unknown wandb mode", "train", _train("logging.wandb.mode=sometimes"),
              "logging.wandb.mode"),
     BadInput("negative RL steps", "train", _train("trainer.num_steps=-1"),
-             "trainer.num_steps: -1 must be >= 1"),
+             "trainer.num_steps: -1 must be >= 0"),
     BadInput("negative SFT steps", "train", _train("trainer.num_sft_steps=-5"),
              "trainer.num_sft_steps: -5 must be >= 0"),
     BadInput("negative checkpoint interval", "train", _train("checkpoint.save_every_steps=-2"),
