@@ -21,7 +21,7 @@ Hardware constants are inputs (:class:`Hardware`); ``python_per_tensor_s`` is me
 ``benchmarks/bench_weight_sync.py --measure-gather`` on this machine. Both gathers are assumed not
 to overlap with the broadcast (neither implementation overlaps them).
 
-    >>> b = qwen3_moe_num_params(**QWEN3_30B_A3B) * 2          # bf16
+    >>> b = QWEN3_30B_A3B.total_params() * 2                    # bf16
     >>> round(b / 1e9, 1)
     61.1
     >>> round(b / 50e9, 2)                                      # floor at 50 GB/s
@@ -34,25 +34,14 @@ import math
 from dataclasses import dataclass
 from typing import Dict
 
-QWEN3_30B_A3B = dict(hidden_size=2048, num_layers=48, num_experts=128, moe_ffn_hidden_size=768,
-                     num_attention_heads=32, num_query_groups=4, head_dim=128, vocab_size=151936,
-                     tie_word_embeddings=False)
-"""Architecture of Qwen3-30B-A3B (its config.json), in ModelConfig's names."""
+from gspo_megatron.planner.model_shape import ModelShape
 
-
-def qwen3_moe_num_params(hidden_size: int, num_layers: int, num_experts: int,
-                         moe_ffn_hidden_size: int, num_attention_heads: int, num_query_groups: int,
-                         head_dim: int, vocab_size: int, tie_word_embeddings: bool = False) -> int:
-    """Parameters of a Qwen3-MoE model in HF layout (every layer MoE, QK-norm, no biases)."""
-    q = hidden_size * num_attention_heads * head_dim
-    kv = 2 * hidden_size * num_query_groups * head_dim
-    o = num_attention_heads * head_dim * hidden_size
-    norms = 2 * hidden_size + 2 * head_dim  # input/post-attention RMSNorm, q_norm, k_norm
-    experts = num_experts * 3 * hidden_size * moe_ffn_hidden_size
-    router = hidden_size * num_experts
-    per_layer = q + kv + o + norms + experts + router
-    embeddings = vocab_size * hidden_size * (1 if tie_word_embeddings else 2)
-    return num_layers * per_layer + embeddings + hidden_size  # + final norm
+QWEN3_30B_A3B = ModelShape(hidden_size=2048, num_layers=48, num_experts=128,
+                           moe_ffn_hidden_size=768, moe_router_topk=8, ffn_hidden_size=6144,
+                           num_attention_heads=32, num_query_groups=4, head_dim=128,
+                           vocab_size=151936, tie_word_embeddings=False)
+"""Architecture of Qwen3-30B-A3B (its config.json); parameters counted by the planner's
+:class:`ModelShape`, the one parameter count of the project."""
 
 
 @dataclass(frozen=True)
@@ -80,9 +69,9 @@ class Hardware:
     """Slicing, un-fusing and bookkeeping of one canonical tensor (measure it: see module doc)."""
 
 
-def tensor_counts(cfg: Dict) -> Dict[str, int]:
+def tensor_counts(cfg: ModelShape) -> Dict[str, int]:
     """Canonical (Megatron) tensors by kind, and HF tensors, of a Qwen3-MoE model."""
-    layers, experts = cfg["num_layers"], cfg["num_experts"]
+    layers, experts = cfg.num_layers, cfg.num_experts
     dense_split = 2 + layers * 2  # embedding, output layer; per layer QKV and proj
     replicated = 1 + layers * 5   # final norm; input / pre-MLP norm, q / k norm, router
     expert = layers * experts * 2  # fc1 (gate+up) and fc2 per expert
@@ -91,14 +80,14 @@ def tensor_counts(cfg: Dict) -> Dict[str, int]:
             "canonical": dense_split + replicated + expert, "hf": hf}
 
 
-def _bytes(cfg: Dict, dtype_bytes: int) -> Dict[str, float]:
-    total = qwen3_moe_num_params(**cfg) * dtype_bytes
-    expert = cfg["num_layers"] * cfg["num_experts"] * 3 * cfg["hidden_size"] * \
-        cfg["moe_ffn_hidden_size"] * dtype_bytes
+def _bytes(cfg: ModelShape, dtype_bytes: int) -> Dict[str, float]:
+    total = cfg.total_params() * dtype_bytes
+    expert = cfg.num_layers * cfg.num_experts * 3 * cfg.hidden_size * cfg.moe_ffn_hidden_size * \
+        dtype_bytes
     return {"total": total, "expert": expert, "dense": total - expert}
 
 
-def predict(cfg: Dict = QWEN3_30B_A3B, layout: LearnerLayout = LearnerLayout(),
+def predict(cfg: ModelShape = QWEN3_30B_A3B, layout: LearnerLayout = LearnerLayout(),
             hw: Hardware = Hardware(), bucket_bytes: int = 1 << 30,
             dtype_bytes: int = 2) -> Dict[str, float]:
     """Seconds: ``floor``, ``old`` and ``staged`` syncs, and their terms (see module doc)."""

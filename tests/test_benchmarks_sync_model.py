@@ -6,8 +6,7 @@ from dataclasses import replace
 import pytest
 
 from benchmarks import sync_model
-from benchmarks.sync_model import (QWEN3_30B_A3B, Hardware, LearnerLayout, predict,
-                                   qwen3_moe_num_params, tensor_counts)
+from benchmarks.sync_model import QWEN3_30B_A3B, Hardware, LearnerLayout, predict, tensor_counts
 from gspo_megatron.checkpoint import mapping
 from gspo_megatron.config.schema import ModelConfig
 from gspo_megatron.tiny_task.model import build_tiny_policy
@@ -16,9 +15,14 @@ from gspo_megatron.tiny_task.model import build_tiny_policy
 def test_param_count_matches_a_real_hf_model():
     model, _ = build_tiny_policy(hidden_size=64, num_layers=2, num_experts=4, moe_ffn_hidden_size=64)
     c = model.config
-    n = qwen3_moe_num_params(c.hidden_size, c.num_hidden_layers, c.num_experts, c.moe_intermediate_size,
-                             c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.vocab_size)
-    assert n == sum(p.numel() for p in model.parameters())
+    shape = replace(QWEN3_30B_A3B, hidden_size=c.hidden_size, num_layers=c.num_hidden_layers,
+                    num_experts=c.num_experts, moe_ffn_hidden_size=c.moe_intermediate_size,
+                    moe_router_topk=c.num_experts_per_tok, ffn_hidden_size=c.intermediate_size,
+                    num_attention_heads=c.num_attention_heads,
+                    num_query_groups=c.num_key_value_heads, head_dim=c.head_dim,
+                    vocab_size=c.vocab_size, tie_word_embeddings=c.tie_word_embeddings)
+    assert shape.total_params() == sum(p.numel() for p in model.parameters())
+    assert QWEN3_30B_A3B.total_params() == 30_532_122_624  # Qwen3-30B-A3B's safetensors
 
 
 def test_tensor_counts_match_the_mapping():

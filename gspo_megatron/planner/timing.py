@@ -11,7 +11,7 @@ Meant to rank layouts and catch orders of magnitude, not to promise seconds:
   and each running sequence's KV cache; the batch is what the KV pool holds (capped by the
   client's concurrency);
 * **weight sync**: bf16 weights over the inter-node link; the floor is bytes / bandwidth
-  (``weight_sync/estimate.py`` adds per-bucket costs on top of the same floor).
+  (``benchmarks/sync_model.py`` adds per-bucket and gather costs on top of the same floor).
 """
 
 from __future__ import annotations
