@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gspo_megatron.algorithms.advantages import (
-    DynamicSamplingBuffer, advantage_metrics, compute_group_advantages, drop_zero_variance_groups)
-from gspo_megatron.algorithms.metrics import metrics_to_floats
+from gspo_megatron.algorithms.advantages import DynamicSamplingBuffer, compute_group_advantages
 
 
 def test_group_norm_is_paper_eq6_per_group():
@@ -52,25 +50,20 @@ def test_non_finite_rewards_and_bad_shapes_raise_clear_errors():
         compute_group_advantages(torch.zeros(2, 2), mode="median")
 
 
-def test_drop_zero_variance_groups_and_metrics():
-    rewards = torch.tensor([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0]])
-    adv, zero_var = compute_group_advantages(rewards)
-    kept_rewards, kept_adv = drop_zero_variance_groups(zero_var, rewards, adv)
-    assert kept_rewards.tolist() == [[0.0, 1.0]] and kept_adv.shape == (1, 2)
-    m = metrics_to_floats(advantage_metrics(rewards, zero_var))
-    assert m["zero_variance_group_frac"] == pytest.approx(2 / 3)
-    assert m["reward_mean"] == pytest.approx(0.5)
-    assert m["reward_group_std_mean"] == pytest.approx(0.5 / 3)
-    with pytest.raises(ValueError, match="leading size 2"):
-        drop_zero_variance_groups(zero_var, torch.zeros(2))
-
-
 def test_dynamic_sampling_buffer_refills_until_full():
     buf = DynamicSamplingBuffer(num_groups_wanted=3)
-    buf.add(torch.tensor([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0]]), ["a", "b", "c"])
-    assert not buf.is_full and buf.num_dropped == 2
-    buf.add(torch.tensor([[0.0, 1.0], [1.0, 0.0], [1.0, 0.5]]), ["d", "e", "f"])
-    assert buf.is_full and buf.take() == ["b", "d", "e"]
-    assert (buf.num_seen, buf.num_dropped, buf.kept) == (6, 2, [])
+    _, zero_var = compute_group_advantages(torch.tensor([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0]]))
+    buf.add(["a", "b", "c"], zero_var)
+    assert not buf.is_full and buf.num_missing == 2 and buf.num_dropped == 2
+    buf.add(["d", "e", "f"], torch.tensor([False, False, False]))
+    assert buf.is_full and buf.num_missing == 0 and buf.take() == ["b", "d", "e"]
+    assert (buf.num_seen, buf.num_zero_variance, buf.num_dropped, buf.kept) == (6, 2, 2, [])
     with pytest.raises(ValueError, match="one payload per group"):
-        buf.add(torch.zeros(2, 2), ["x"])
+        buf.add(["x"], torch.tensor([False, True]))
+
+
+def test_without_dropping_the_buffer_keeps_flat_groups_and_counts_them():
+    buf = DynamicSamplingBuffer(num_groups_wanted=2, drop_zero_variance=False)
+    buf.add(["a", "b"], torch.tensor([True, False]))
+    assert buf.is_full and buf.take() == ["a", "b"]
+    assert (buf.num_zero_variance, buf.num_dropped) == (1, 0)

@@ -20,16 +20,18 @@ VOCAB = 90
 TOKENS = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
 
 
-def make_hf_model(kind: str, out_dir: Path, tied: bool = False) -> Path:
-    """A tiny random Qwen3 (dense) or Qwen3-MoE saved in several safetensors shards."""
+def make_hf_model(kind: str, out_dir: Path, tied: bool = False, num_layers: int = 2,
+                  extra: dict | None = None) -> Path:
+    """A tiny random Qwen3 (dense) or Qwen3-MoE saved in several safetensors shards; ``extra``
+    adds config.json fields."""
     from transformers import (PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM,
                               Qwen3MoeConfig, Qwen3MoeForCausalLM)
     from tokenizers import Tokenizer, models
 
-    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=num_layers,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                   max_position_embeddings=64, rope_theta=10000.0, tie_word_embeddings=tied,
-                  torch_dtype="float32", bos_token_id=1, eos_token_id=2)
+                  torch_dtype="float32", bos_token_id=1, eos_token_id=2, **(extra or {}))
     torch.manual_seed(0 if kind == "qwen3" else 1)
     if kind == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(**common))

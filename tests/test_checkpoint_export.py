@@ -71,3 +71,24 @@ def test_round_trip_moe_and_dense(tmp_path):
         with torch.no_grad():
             assert torch.equal(model(TOKENS).logits, reference)
         assert AutoTokenizer.from_pretrained(out).convert_tokens_to_ids("t5") == 5
+
+
+def test_config_json_keeps_source_fields_and_recipe(tmp_path, caplog):
+    from dataclasses import replace
+
+    from gspo_megatron.checkpoint.export import _hf_config
+    from gspo_megatron.config.schema import ModelConfig
+
+    source = {"model_type": "qwen3_moe", "num_hidden_layers": 2, "router_aux_loss_coef": 0.001,
+              "bos_token_id": 7, "use_cache": True, "hidden_size": 64}
+    (tmp_path / "config.json").write_text(json.dumps(source))
+    cfg = ModelConfig(num_layers=2, hidden_size=64, moe_aux_loss_coeff=0.0)
+    out = _hf_config(cfg, tmp_path, torch.bfloat16)
+    assert out["router_aux_loss_coef"] == 0.001  # the source's recipe, not the RL run's 0.0
+    assert out["bos_token_id"] == 7 and out["use_cache"] is True
+    assert out["torch_dtype"] == "bfloat16" and out["num_experts"] == cfg.num_experts
+    assert not caplog.records
+    changed = _hf_config(replace(cfg, num_layers=3), tmp_path, torch.float32)
+    assert changed["num_hidden_layers"] == 3 and "num_hidden_layers: 2 -> 3" in caplog.text
+    alone = _hf_config(cfg, None, torch.float32)
+    assert alone["router_aux_loss_coef"] == 0.0

@@ -1,56 +1,88 @@
-"""Gathering a distributed MoE model into full HF tensors on two gloo processes: conversion into
-EP=2 exports bit-identical tensors and gives the transformers logits; under TP=2 + SP with expert
-TP=2 (fused gate/up split per rank) ``iter_hf_tensors(dst="all")`` hands every rank the original
-tensors, and ``dst="rank0"`` hands them to rank 0 only."""
+"""The staged, bucketed gather (checkpoint/gather.py) on 2 and 4 gloo processes.
+
+A tiny Qwen3-MoE is filled from its HF checkpoint under each layout, then gathered back:
+``dst="rank0"`` must hand rank 0 every HF tensor bit-identical (and nothing elsewhere);
+``dst="stage"`` must hand each pipeline stage's first rank exactly its stage's tensors
+(together: every tensor once), bit-identical, and nothing to the other ranks. Small buckets make
+many collectives; layouts cover PP, EP, TP+SP with expert TP, and data-parallel replicas.
+"""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
 
 from gspo_megatron.config.schema import ParallelConfig
 from tests.multiproc import run_on_ranks
-from tests.test_checkpoint_convert import (assert_same_tensors, convert_export_and_logits,
-                                           hf_logits, make_hf_model, reinit_layout)
+from tests.test_checkpoint_convert import make_hf_model, reinit_layout
 
 
 def _original(hf_dir: str) -> dict:
     from transformers import AutoModelForCausalLM
 
-    return {k: v.clone() for k, v in
-            AutoModelForCausalLM.from_pretrained(hf_dir).state_dict().items()}
+    return {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(hf_dir).state_dict().items()}
 
 
-def _ep2_then_tp2(rank: int, hf_dir: str, work: str) -> dict:
-    from gspo_megatron.checkpoint.convert import build_model_chunks
-    from gspo_megatron.checkpoint.gather import iter_hf_tensors
-    from gspo_megatron.learner.checkpointing import load_model_weights
+def _gather(rank: int, hf_dir: str, layout: dict) -> dict:
+    from megatron.core import parallel_state as ps
 
-    work_dir = Path(work)
-    cfg, logits = convert_export_and_logits(hf_dir, work_dir, "ep2", ParallelConfig(ep=2),
-                                            max_shard_bytes=40_000)
+    from gspo_megatron.checkpoint.convert import (build_model_chunks, fill_from_hf,
+                                                  model_config_for_hf_dir)
+    from gspo_megatron.checkpoint.gather import Layout, iter_hf_buckets
+    from gspo_megatron.checkpoint.hf_io import HFCheckpointReader
+    from gspo_megatron.model.provider import padded_vocab_size
 
-    tp2 = ParallelConfig(tp=2, sp=True, etp=2)
-    reinit_layout(tp2)
-    chunks = build_model_chunks(cfg, tp2)
-    load_model_weights(chunks, work_dir / "ep2")  # saved under EP=2, loaded under TP=2/ETP=2
-    original = _original(hf_dir)
-    everywhere = dict(iter_hf_tensors(chunks, cfg, dst="all"))
-    mismatched = sorted(k for k in original if not torch.equal(original[k], everywhere.get(k)))
-    on_rank0 = dict(iter_hf_tensors(chunks, cfg, dst="rank0"))
-    return {"logits": logits, "all_names": sorted(everywhere), "mismatched": mismatched,
-            "rank0_count": len(on_rank0), "original_names": sorted(original)}
+    parallel = ParallelConfig(**layout)
+    reinit_layout(parallel)
+    cfg = model_config_for_hf_dir(hf_dir)
+    chunks = build_model_chunks(cfg, parallel)
+    fill_from_hf(chunks, HFCheckpointReader(hf_dir), cfg,
+                 padded_vocab_size(cfg.vocab_size, cfg.make_vocab_size_divisible_by, parallel.tp),
+                 log_every=0)
+    out = {"layout": Layout.current(cfg), "pp_rank": ps.get_pipeline_model_parallel_rank()}
+    for dst in ("rank0", "stage"):
+        got, buckets = {}, 0
+        for bucket in iter_hf_buckets(chunks, cfg, bucket_bytes=6 * 1024, dst=dst):
+            buckets += 1
+            assert len({t.dtype for _, t in bucket}) == 1
+            for name, t in bucket:
+                assert name not in got, f"{name} twice"
+                got[name] = t.clone()
+        out[dst], out[f"{dst}_buckets"] = got, buckets
+    return out
+
+
+LAYOUTS = [
+    pytest.param(2, dict(pp=2), id="pp2"),
+    pytest.param(4, dict(pp=2, ep=2), id="pp2-ep2"),
+    pytest.param(4, dict(tp=2, sp=True, etp=2, pp=2), id="tp2-sp-etp2-pp2"),
+    pytest.param(4, dict(ep=2), id="ep2-dp4-edp2"),
+]
 
 
 @pytest.mark.slow
-def test_ep2_export_and_tp2_etp2_gather(tmp_path):
+@pytest.mark.parametrize("world_size, layout", LAYOUTS)
+def test_staged_bucketed_gather_is_exact(tmp_path, world_size, layout):
     hf_dir = make_hf_model("qwen3_moe", tmp_path / "hf")
-    results = run_on_ranks(_ep2_then_tp2, world_size=2, hf_dir=str(hf_dir), work=str(tmp_path))
-    assert assert_same_tensors(hf_dir, tmp_path / "hf_ep2") == 45
-    reference = hf_logits(hf_dir)
+    original = _original(str(hf_dir))
+    results = run_on_ranks(_gather, world_size=world_size, hf_dir=str(hf_dir), layout=layout)
+    on_rank0 = results[0]["rank0"]
+    assert sorted(on_rank0) == sorted(original)
+    assert [k for k in original if not torch.equal(original[k], on_rank0[k])] == []
+    assert all(r["rank0"] == {} for r in results[1:])
+    assert results[0]["rank0_buckets"] > 5  # bucketed, not one collective per tensor
+    leaders = [r for r in results if r["layout"].is_leader]
+    assert len(leaders) == layout.get("pp", 1)
+    seen = {}
     for r in results:
-        assert torch.allclose(r["logits"], reference, atol=1e-4, rtol=1e-4)
-        assert r["all_names"] == r["original_names"] and r["mismatched"] == []
-    assert results[0]["rank0_count"] == 45 and results[1]["rank0_count"] == 0
+        if not r["layout"].is_leader:
+            assert r["stage"] == {}, "only a stage's first rank receives its buckets"
+            continue
+        for name, t in r["stage"].items():
+            assert name not in seen and torch.equal(t, original[name]), name
+            seen[name] = r["pp_rank"]
+    assert sorted(seen) == sorted(original)
+    if layout.get("pp", 1) == 2:  # layer 0 + embeddings on stage 0, layer 1 + head on stage 1
+        assert seen["model.embed_tokens.weight"] == 0 and seen["lm_head.weight"] == 1
+        assert seen["model.layers.0.mlp.experts.3.down_proj.weight"] == 0
+        assert seen["model.layers.1.self_attn.q_proj.weight"] == 1

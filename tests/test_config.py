@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,7 @@ def test_missing_file_and_cycle_are_reported(tmp_path):
     (["parallel.ep=3", "model.num_experts=8"], "ep=3 must divide model.num_experts=8"),
     (["parallel.tp=2"], "MoE with tp=2 requires sequence parallelism"),
     (["parallel.sp=true"], "sequence parallelism needs parallel.tp > 1"),
-    (["parallel.pp=4", "model.num_layers=6"], "pp=4 must divide model.num_layers=6"),
+    (["parallel.pp=4", "model.num_layers=6"], "parallel.pp: pp=4 does not divide num_layers=6"),
     (["parallel.tp=2", "parallel.sp=true", "model.num_query_groups=1", "model.num_attention_heads=4"],
      "tp=2 must divide model.num_query_groups=1"),
     (["batch.max_tokens_per_micro_batch=100", "data.max_prompt_tokens=90"],
@@ -87,15 +88,45 @@ def test_missing_file_and_cycle_are_reported(tmp_path):
     (["rollout.overlap_one_step=true", "rollout.weight_sync.transport=disk",
       "rollout.weight_sync.disk_dir=/tmp/x"], "through shared memory"),
     (["rollout.embedded_num_threads=0"], "rollout.embedded_num_threads: must be >= 1"),
-    (["optimizer.lr=1e-5", "optimizer.min_lr=1e-4"], "optimizer.min_lr: 0.0001 must be in"),
+    (["optimizer.lr=1e-5", "optimizer.min_lr=1e-4"], "optimizer.min_lr: 0.0001 must be <="),
+    (["rollout.overlap_one_step=true", "algo.routing_replay=true", "model.num_experts=4"],
+     "would not survive a checkpoint"),
+    (["rollout.engine=sglang", "rollout.mode=disaggregated", "rollout.sglang.dp=2"],
+     "asserts dp_size == 1"),
     (["parallel.world_size=8", "parallel.tp=2", "parallel.sp=true", "batch.num_prompts_per_step=1",
       "rollout.n_samples_per_prompt=4", "batch.num_mini_batches=4"],
      "cannot feed 4 data-parallel ranks"),
+    (["algo.tis.enabled=true", "algo.old_logprob_source=rollout"], "every weight would be 1"),
+    (["algo.routing_replay=true", "algo.old_logprob_source=rollout"],
+     "recorded by the learner's old-log-prob pass"),
+    (["algo.routing_replay=true", "model.arch=qwen3", "model.num_experts=0"],
+     "routing replay needs an MoE model"),
+    (["algo.routing_replay=true", "model.recompute=full", "parallel.pp=2"],
+     "needs parallel.pp=1"),
+    (["algo.diagnostics.length_bucket_edges=[64,16]"], "must be increasing integers"),
+    (["algo.diagnostics.log_ratio_bin_edges=[0.1,0.0]"], "must be increasing"),
+    (["algo.diagnostics.expert_volatility_num_seqs=-1"], "must be >= 0"),
 ])
 def test_inconsistent_layouts_and_settings_are_refused(overrides, message):
     base = ["model.num_experts=4", "parallel.world_size=8"]
     with pytest.raises(ConfigError, match=message):
         load_config(None, base + overrides)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer.num_steps=-1", "trainer.num_steps: -1 must be >= 0"),
+    ("trainer.num_sft_steps=-5", "trainer.num_sft_steps: -5 must be >= 0"),
+    ("checkpoint.save_every_steps=-2", "checkpoint.save_every_steps: -2 must be >= 0"),
+    ("checkpoint.keep_last=0", "checkpoint.keep_last: 0 must be >= 1"),
+    ("rollout.max_new_tokens=0", "rollout.max_new_tokens: 0 must be >= 1"),
+    ("reward.timeout_s=0", "reward.timeout_s: 0.0 must be > 0.0"),
+    ("optimizer.adam_beta2=1.0", "optimizer.adam_beta2: 1.0 must be < 1"),
+    ("optimizer.min_lr=1.0", "optimizer.min_lr: 1.0 must be <= optimizer.lr"),
+    ("data.max_bad_row_fraction=2", "data.max_bad_row_fraction: 2.0 must be <= 1"),
+])
+def test_counts_and_rates_outside_their_meaning_are_refused(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, ["model.num_experts=4", override])
 
 
 def test_context_parallel_layouts_are_accepted():

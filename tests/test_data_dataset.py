@@ -144,3 +144,23 @@ def test_missing_file_and_unknown_format(tmp_path, tokenizer):
     csv.write_text("prompt,answer\n")
     with pytest.raises(DataLoadError, match="unsupported dataset format '.csv'"):
         load_prompt_dataset(csv, tokenizer, DataConfig())
+
+
+def test_binary_file_is_refused_naming_it(tmp_path, tokenizer):
+    binary = tmp_path / "train.jsonl"
+    binary.write_bytes(b"PAR1\x00\x15\x04" + bytes(range(256)))
+    with pytest.raises(DataLoadError, match=r"train\.jsonl: binary data, not JSON Lines text "
+                                            r"\(it starts like a Parquet file\)"):
+        load_prompt_dataset(binary, tokenizer, DataConfig())
+    with pytest.raises(DataLoadError, match="is a directory"):
+        load_prompt_dataset(tmp_path, tokenizer, DataConfig())
+
+
+def test_lines_that_are_not_utf8_are_bad_rows_with_their_line(tmp_path, tokenizer, caplog):
+    path = tmp_path / "d.jsonl"
+    rows = [line.encode() for line in _rows(199)]
+    path.write_bytes(b"\n".join(rows[:5] + [b'{"prompt": "\xff\xfe", "answer": "1"}'] + rows[5:])
+                     + b"\n")
+    data = load_prompt_dataset(path, tokenizer, DataConfig())
+    assert len(data) == 199 and data.stats.num_bad == 1
+    assert f"{path}:6: not UTF-8 text (byte 0xff at column 13)" in caplog.text

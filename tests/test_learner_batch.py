@@ -1,12 +1,15 @@
-"""Packing rollouts into token-budget micro-batches, the DP split, and attention metadata."""
+"""Laying packed micro-batches out (packed and rows layouts), attention metadata, and the CP rank's
+view of a micro-batch (tokens, labels, response positions, full counts, token order)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gspo_megatron.learner.batch import (SequenceBatch, build_micro_batch, pack_by_tokens,
-                                         plan_step, split_across_dp)
+from gspo_megatron.distributed.context_parallel import (load_balanced_causal_mask,
+                                                        load_balanced_indices,
+                                                        thd_partition_indices)
+from gspo_megatron.learner.batch import SequenceBatch, build_micro_batch, plan_step
 from gspo_megatron.learner.forward import MASKED_LOGIT, mask_padded_vocab, packed_seq_params
 
 
@@ -16,25 +19,6 @@ def _batch(lengths, prompt=2):
                          advantages=[float(i) for i in range(len(lengths))],
                          old_logprobs=[torch.full((n - prompt,), -float(i)) for i, n in
                                        enumerate(lengths)])
-
-
-def test_dp_split_balances_tokens_and_is_deterministic():
-    lengths = [9, 1, 8, 2, 7, 3, 6, 4]
-    shares = split_across_dp(lengths, 2)
-    loads = [sum(lengths[i] for i in s) for s in shares]
-    assert sorted(i for s in shares for i in s) == list(range(8))
-    assert abs(loads[0] - loads[1]) <= 1
-    assert shares == split_across_dp(lengths, 2)
-
-
-def test_packing_respects_the_token_budget_and_refuses_too_long_sequences():
-    lengths = [5, 9, 3, 7, 2, 6]
-    bins = pack_by_tokens(range(6), lengths, 10)
-    assert sorted(i for b in bins for i in b) == list(range(6))
-    assert all(sum(lengths[i] for i in b) <= 10 for b in bins)
-    assert bins == [[1], [2, 3], [4, 5], [0]]  # first-fit-decreasing: 9 | 7+3 | 6+2 | 5
-    with pytest.raises(ValueError, match="sequence 1 has 9 tokens.*max_tokens_per_micro_batch=8"):
-        pack_by_tokens(range(6), lengths, 8)
 
 
 def test_micro_batch_layout_positions_labels_and_mask():
@@ -121,3 +105,79 @@ def test_rows_layout_one_sequence_per_row_with_a_causal_mask():
         plan_step(batch, 0, 1, max_tokens=5, layout="rows")
     with pytest.raises(ValueError, match="unknown micro-batch layout 'thd'"):
         plan_step(batch, 0, 1, max_tokens=5, layout="thd")
+
+
+# ---- context parallelism: a CP rank's share of a micro-batch ----------------------------
+
+def _cp_batch(lengths, prompts):
+    gen = torch.Generator().manual_seed(0)
+    tokens = [torch.randint(1, 50, (n,), generator=gen) for n in lengths]
+    return SequenceBatch(token_ids=tokens, prompt_lens=list(prompts),
+                         advantages=[float(i) for i in range(len(lengths))],
+                         old_logprobs=[-torch.arange(n - p, dtype=torch.float32) - i
+                                       for i, (n, p) in enumerate(zip(lengths, prompts))])
+
+
+def _check_shares(batch, plans_by_cp_rank, fulls):
+    """The CP shares of every micro-batch hold each response token exactly once, with the right
+    label, advantage and position in the local row."""
+    for m, full in enumerate(fulls):
+        shares = [p.micro_batches[m] for p in plans_by_cp_rank]
+        seen = {i: [] for i in full.seq_ids}
+        for share in shares:
+            assert share.tokens.shape[1] * 2 == full.tokens.shape[1]
+            assert share.seq_ids == full.seq_ids
+            assert torch.equal(share.seq_token_counts(),
+                               torch.bincount(full.seq_index, minlength=full.num_seqs))
+            labels = share.labels.reshape(-1)[share.response_positions]
+            for tok, (local, idx, label, old) in enumerate(zip(
+                    share.seq_index.tolist(), share.response_token_index().tolist(),
+                    labels.tolist(), share.extras["old_logprobs"].tolist())):
+                i = full.seq_ids[local]
+                prompt = batch.prompt_lens[i]
+                assert label == int(batch.token_ids[i][prompt + idx]), (m, tok)
+                assert old == float(batch.old_logprobs[i][idx])
+                seen[i].append(idx)
+        for i, idx in seen.items():
+            assert sorted(idx) == list(range(batch.response_len(i))), i
+
+
+def test_rows_layout_shares_cover_every_response_token_once():
+    batch = _cp_batch([7, 12, 9, 15, 5], [3, 4, 3, 5, 2])
+    full = plan_step(batch, 0, 1, max_tokens=40, pad_multiple=4, layout="rows")
+    plans = [plan_step(batch, 0, 1, max_tokens=40, pad_multiple=4, layout="rows", cp_size=2,
+                       cp_rank=r) for r in range(2)]
+    assert full.padded_len == plans[0].padded_len == 16  # full length: Megatron divides by CP
+    _check_shares(batch, plans, full.micro_batches)
+    share = plans[1].micro_batches[0]
+    cols = load_balanced_indices(16, 2, 1)
+    assert torch.equal(share.tokens, full.micro_batches[0].tokens[:, cols])
+    assert torch.equal(share.causal_block_mask(), load_balanced_causal_mask(16, 2, 1))
+    with pytest.raises(ValueError, match="pad_multiple=2 must be a multiple of 2\\*cp = 4"):
+        plan_step(batch, 0, 1, max_tokens=40, pad_multiple=2, layout="rows", cp_size=2)
+
+
+def test_packed_layout_pads_each_sequence_and_shares_per_sequence():
+    batch = _cp_batch([7, 12, 9, 5], [3, 4, 3, 2])
+    kwargs = dict(max_tokens=24, pad_multiple=4, layout="packed", cp_size=2)
+    plans = [plan_step(batch, 0, 1, cp_rank=r, **kwargs) for r in range(2)]
+    mb = build_micro_batch(batch, plans[0].micro_batches[0].seq_ids, plans[0].padded_len,
+                           seq_multiple=4)
+    padded = mb.cu_seqlens_padded.tolist()
+    assert all((b - a) % 4 == 0 for a, b in zip(padded, padded[1:]))
+    lengths = [batch.seq_len(i) for i in mb.seq_ids]
+    assert (torch.diff(mb.cu_seqlens)[:len(lengths)].tolist() == lengths)
+    fulls = [build_micro_batch(batch, m.seq_ids, plans[0].padded_len, seq_multiple=4)
+             for m in plans[0].micro_batches]
+    assert len(fulls) >= 2 and plans[0].padded_len % 4 == 0
+    _check_shares(batch, plans, fulls)
+    share = plans[0].micro_batches[0]
+    params = packed_seq_params(share)  # global boundaries: TE splits each sequence itself
+    assert params.cu_seqlens_q_padded.tolist() == share.cu_seqlens_padded.tolist()
+    assert params.cu_seqlens_q.tolist() == share.cu_seqlens.tolist()
+    assert params.max_seqlen_q == max(b - a for a, b in zip(share.cu_seqlens_padded.tolist(),
+                                                            share.cu_seqlens_padded.tolist()[1:]))
+    cols = thd_partition_indices(share.cu_seqlens_padded.tolist(), 2, 0)
+    assert torch.equal(share.tokens, fulls[0].tokens[:, cols])
+    with pytest.raises(ValueError, match="need Transformer Engine's THD attention"):
+        share.causal_block_mask()

@@ -1,4 +1,5 @@
-"""The optimizer helpers: resetting Adam's state equals starting a fresh optimizer."""
+"""The optimizer helpers: resetting Adam's state equals starting a fresh optimizer; a constant-lr
+stage hands the learning-rate schedule back where it was."""
 
 from __future__ import annotations
 
@@ -65,3 +66,65 @@ def test_cpu_adam_is_fused_and_steps_like_the_loop():
     for p, q in zip(params, twins):
         assert torch.allclose(p, q, atol=1e-6), (p - q).abs().max()
     assert fused.state[params[0]]["step"].dtype == torch.float32
+
+
+def test_constant_learning_rate_stage_gives_the_schedule_back_untouched():
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    from gspo_megatron.learner.optimizer import constant_learning_rate
+
+    def fresh():
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.0)
+        opt.param_groups[0]["max_lr"] = 2e-3  # a per-group override the schedule reads first
+        sched = OptimizerParamScheduler(opt, init_lr=0.0, max_lr=1e-3, min_lr=1e-4,
+                                        lr_warmup_steps=2, lr_decay_steps=10,
+                                        lr_decay_style="cosine", start_wd=0.0, end_wd=0.0,
+                                        wd_incr_steps=10, wd_incr_style="constant")
+        return opt, sched
+
+    opt, sched = fresh()
+    sched.step(1)
+    with constant_learning_rate(opt, sched, 5e-5):
+        assert opt.param_groups[0]["lr"] == 5e-5
+        for _ in range(4):  # training steps inside the stage advance the schedule
+            sched.step(1)
+            assert opt.param_groups[0]["lr"] == pytest.approx(5e-5)
+    ref_opt, ref_sched = fresh()
+    ref_sched.step(1)
+    assert sched.num_steps == ref_sched.num_steps == 1
+    assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"] > 0
+    assert opt.param_groups[0]["max_lr"] == 2e-3 and "min_lr" not in opt.param_groups[0]
+    sched.step(3)
+    ref_sched.step(3)
+    assert opt.param_groups[0]["lr"] == pytest.approx(ref_opt.param_groups[0]["lr"])
+
+
+def test_memory_options_map_onto_megatrons_optimizer_config():
+    from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
+
+    from gspo_megatron.config.schema import OptimizerConfig
+    from gspo_megatron.learner.optimizer import optimizer_config_kwargs
+
+    plain = optimizer_config_kwargs(OptimizerConfig(), torch.bfloat16)
+    assert "use_precision_aware_optimizer" not in plain and "optimizer_cpu_offload" not in plain
+    aware = optimizer_config_kwargs(OptimizerConfig(precision_aware=True, moments_dtype="bf16"),
+                                    torch.bfloat16)
+    assert aware["use_precision_aware_optimizer"] is True
+    assert aware["exp_avg_dtype"] == aware["exp_avg_sq_dtype"] == torch.bfloat16
+    offload = optimizer_config_kwargs(OptimizerConfig(cpu_offload=True, offload_fraction=0.5),
+                                      torch.bfloat16)
+    # Megatron 0.16.1 builds this config without Transformer Engine (the precision-aware one
+    # asks TE for its version in __post_init__, so it is checked as keyword arguments above).
+    mcfg = MegatronOptimizerConfig(**offload)
+    assert mcfg.optimizer_cpu_offload and mcfg.optimizer_offload_fraction == 0.5
+    assert mcfg.overlap_cpu_optimizer_d2h_h2d and mcfg.use_distributed_optimizer
+    assert mcfg.exp_avg_dtype == torch.float32
+
+
+def test_memory_options_refuse_to_run_without_gpus():
+    from gspo_megatron.config import ConfigError
+    from gspo_megatron.config.schema import OptimizerConfig
+    from gspo_megatron.learner.optimizer import build_optimizer
+
+    with pytest.raises(ConfigError, match="optimizer.cpu_offload: needs GPUs"):
+        build_optimizer(OptimizerConfig(cpu_offload=True), [], torch.float32)

@@ -1,5 +1,6 @@
 """Policy losses: GSPO's Eq. 10 gradient, GSPO-token == GSPO, clipping <=> zero gradient, GRPO
-aggregations, KL / entropy / TIS options, metrics, errors, and (slow) CP=2 against one rank."""
+aggregations, KL / entropy / TIS options, metrics, errors, and (slow) CP=2 against one rank; the
+SFT loss's token mean over the whole mini-batch, split-invariant."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def _grad(out, logp):
 
 def test_registry_selects_by_name_and_lists_names_on_error():
     assert get_policy_loss("gspo") is not get_policy_loss("grpo")
-    with pytest.raises(ValueError, match="registered: grpo, gspo, gspo_token"):
+    with pytest.raises(ValueError, match="registered: grpo, gspo, gspo_token, sft"):
         get_policy_loss("ppo")
     with pytest.raises(ValueError, match="already registered"):
         register_policy_loss("gspo")(lambda inputs, cfg: None)
@@ -113,6 +114,19 @@ def test_on_policy_every_ratio_is_one_and_nothing_is_clipped():
         assert m["ratio_min"] == m["ratio_max"] == 1.0 and m["clip_frac_token"] == 0.0
         assert m["clip_frac_seq"] == 0.0 and m["approx_kl"] == 0.0
         assert bool((_grad(out, logp) != 0).all())
+
+
+def test_approx_kl_is_k3_of_kl_old_new_and_every_loss_reports_length_diagnostics():
+    old = torch.full((6,), -1.0)
+    delta = torch.tensor([0.3, -0.2, 0.1, 0.0, -0.5, 0.4])
+    for name in ("gspo", "gspo_token", "grpo"):
+        out = get_policy_loss(name)(_inputs((old + delta).requires_grad_(), old, [1.0, -1.0],
+                                            lengths=[2, 4]), AlgorithmConfig(loss=name))
+        m = metrics_to_floats(out.metrics)
+        # KL(old || new) from samples of pi_old: E[r - 1 - log r], r = pi_new / pi_old.
+        assert m["approx_kl"] == pytest.approx(float((delta.exp() - 1 - delta).mean())), name
+        assert m["len_le256/seq_frac"] == 1.0 and m["len_gt4096/seq_frac"] == 0.0, name
+        assert m["seq_log_ratio_max"] == pytest.approx(0.05), name  # mean(0.3, -0.2)
 
 
 def test_sequence_ratio_is_a_length_normalised_mean_not_a_sum():
@@ -243,6 +257,8 @@ def _cp_worker(rank: int) -> dict:
                      "grad": (_grad(res, local) - whole_grad[part]).abs().max().item(),
                      "ratio": [fm[k] - fw[k] for k in ("ratio_mean", "ratio_min", "ratio_max")],
                      "clip": fm["clip_frac_token"] - fw["clip_frac_token"],
+                     "by_length": max(abs(fm[k] - fw[k]) for k in fw
+                                      if k.startswith(("len_", "seq_log_ratio"))),
                      "clipped_any": fw["clip_frac_seq"]}
     try:
         all_reduce_metrics({f"only_on_rank_{rank}": torch.zeros(2, dtype=torch.float64)}, group)
@@ -259,4 +275,36 @@ def test_cp2_split_sequences_equal_single_rank():
         for name, r in res.items():
             assert r["value"] < 1e-6 and r["grad"] < 1e-6, (name, r)
             assert max(abs(d) for d in r["ratio"]) < 1e-6 and abs(r["clip"]) < 1e-9, (name, r)
+            assert r["by_length"] < 1e-6, (name, r)
         assert 0 < res["gspo"]["clipped_any"] < 1
+
+
+def _sft_inputs(lp: torch.Tensor, seq_index: torch.Tensor, total_tokens: int) -> PolicyLossInputs:
+    num_seqs = int(seq_index.max()) + 1
+    return PolicyLossInputs(logprobs=lp, old_logprobs=lp.detach(), advantages=torch.zeros_like(lp),
+                            seq_index=seq_index, num_seqs=num_seqs,
+                            seq_token_counts=torch.bincount(seq_index, minlength=num_seqs),
+                            global_num_seqs=3, global_num_tokens=total_tokens)
+
+
+def test_sft_split_micro_batches_sum_to_the_whole_batch_loss_and_gradient():
+    sft = get_policy_loss("sft")
+    lp = -torch.rand(10, dtype=torch.float64) * 3
+    whole_lp = lp.clone().requires_grad_(True)
+    whole = sft(_sft_inputs(whole_lp, torch.tensor([0] * 4 + [1] * 3 + [2] * 3), 10))
+    whole.loss.backward()
+    parts_lp = lp.clone().requires_grad_(True)
+    a = sft(_sft_inputs(parts_lp[:4], torch.zeros(4, dtype=torch.int64), 10))
+    b = sft(_sft_inputs(parts_lp[4:], torch.tensor([0] * 3 + [1] * 3), 10))
+    (a.loss + b.loss).backward()
+    assert float(whole.loss) == pytest.approx(float(-lp.mean()))
+    assert float(a.loss + b.loss) == pytest.approx(float(whole.loss))
+    assert torch.allclose(parts_lp.grad, whole_lp.grad)
+    assert torch.allclose(whole_lp.grad, torch.full((10,), -0.1, dtype=torch.float64))
+    merged = metrics_to_floats(accumulate_metrics(accumulate_metrics({}, a.metrics), b.metrics))
+    assert merged["sft_nll"] == pytest.approx(float(-lp.mean()))
+
+
+def test_sft_refuses_an_empty_mini_batch():
+    with pytest.raises(ValueError, match="global_num_tokens must be > 0"):
+        get_policy_loss("sft")(_sft_inputs(torch.zeros(1), torch.zeros(1, dtype=torch.int64), 0))

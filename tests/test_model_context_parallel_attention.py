@@ -29,8 +29,8 @@ def _worker(rank: int) -> dict:
 
     from gspo_megatron.config.schema import ParallelConfig
     from gspo_megatron.distributed.runtime import init_distributed
-    from gspo_megatron.learner.context_parallel import (load_balanced_causal_mask,
-                                                        load_balanced_indices)
+    from gspo_megatron.distributed.context_parallel import (load_balanced_causal_mask,
+                                                            load_balanced_indices)
     from gspo_megatron.model.context_parallel_attention import (ContextParallelDotProductAttention,
                                                                 LoadBalancedRotaryEmbedding)
 

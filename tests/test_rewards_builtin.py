@@ -1,4 +1,4 @@
-"""Built-in rewards: math_verify on real cases, exact_match, format."""
+"""Built-in rewards: math_verify on real cases, exact_match, format, tiny_addition."""
 
 from __future__ import annotations
 
@@ -44,3 +44,17 @@ def test_exact_match(response, answer, expected):
 ])
 def test_format(response, expected):
     assert get_reward_fn("format")(response, "", None) == expected
+
+
+def test_tiny_addition_counts_only_the_digits_before_eos():
+    from gspo_megatron.rewards.builtin import addition_reward
+
+    assert get_reward_fn("tiny_addition") is addition_reward
+    assert addition_reward("46", "46") == 1.0
+    assert addition_reward(" 46 ", "46") == 1.0
+    assert addition_reward("46<eos>12", "46") == 1.0
+    assert addition_reward("461", "46") == 0.0
+    assert addition_reward("4", "46") == 0.0
+    assert addition_reward("", "46") == 0.0
+    assert addition_reward("4 6", "46") == 0.0
+    assert addition_reward("+46", "46") == 0.0

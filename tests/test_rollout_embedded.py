@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from gspo_megatron.rollout.embedded import EmbeddedEngine, teacher_forced_logprobs
-from gspo_megatron.rollout.tiny_model import build_tiny_policy, save_tiny_policy
+from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
+from gspo_megatron.weight_sync.in_process import InProcessTransport
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +80,9 @@ def test_load_weights_switches_the_policy(policy):
     fresh, _ = build_tiny_policy(seed=0)
     new, _ = build_tiny_policy(seed=9)
     eng = EmbeddedEngine(fresh, tok)
+    with pytest.raises(RuntimeError, match="no weight transport"):
+        eng.update_weights(new.state_dict().items(), weight_version="v2")
+    eng.attach_weight_transport(InProcessTransport(eng, 1 << 20))
     stats = eng.update_weights(new.state_dict().items(), weight_version="v2")
     assert stats.num_tensors == len(new.state_dict()) and stats.num_bytes > 0
     s = eng.generate(_requests(tok, 1, 1), SamplingParams(max_new_tokens=8, seed=2))[0]
@@ -100,7 +104,7 @@ def test_load_weights_rejects_unknown_names_and_shapes(policy):
 
 def test_from_pretrained_and_disk_load(tmp_path, policy):
     model, tok = policy
-    save_tiny_policy(str(tmp_path / "m"), seed=0)
+    save_tiny_model(*build_tiny_policy(seed=0), tmp_path / "m")
     eng = EmbeddedEngine.from_pretrained(str(tmp_path / "m"))
     assert eng.health()
     new, _ = build_tiny_policy(seed=4)
@@ -113,3 +117,28 @@ def test_from_pretrained_and_disk_load(tmp_path, policy):
         eng.load_weights_from_disk(str(tmp_path / "missing"))
     with pytest.raises(FileNotFoundError, match="config.json"):
         EmbeddedEngine.from_pretrained(str(tmp_path / "missing"))
+
+
+def test_should_stop_aborts_rows_and_generation_context_wraps_passes(policy):
+    model, tok = policy
+    entered = []
+
+    class Context:
+        def __enter__(self):
+            entered.append(1)
+
+        def __exit__(self, *exc):
+            return False
+
+    eng = EmbeddedEngine(model, tok, generation_context=Context)
+    calls = []
+
+    def should_stop():
+        calls.append(1)
+        return [True, False]  # row 0 is cancelled before its first step
+
+    rows = eng.generate_token_ids([tok("1+1=")["input_ids"]] * 2, [1, 2],
+                                  SamplingParams(max_new_tokens=6), should_stop=should_stop)
+    assert rows[0].finish_reason == "abort" and rows[0].tokens == []
+    assert rows[1].finish_reason in ("stop", "length") and len(rows[1].tokens) >= 1
+    assert entered and len(calls) == len(rows[1].tokens)

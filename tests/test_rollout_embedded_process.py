@@ -6,12 +6,12 @@ import torch
 
 from gspo_megatron.rollout.embedded import EmbeddedEngine
 from gspo_megatron.rollout.embedded_process import EmbeddedProcessEngine
-from gspo_megatron.rollout.tiny_model import save_tiny_policy
+from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
 
 
 def test_child_process_engine_matches_the_in_process_one(tmp_path):
-    path = save_tiny_policy(str(tmp_path / "policy"), seed=0)
+    path = str(save_tiny_model(*build_tiny_policy(seed=0), tmp_path / "policy"))
     local = EmbeddedEngine.from_pretrained(path)
     remote = EmbeddedProcessEngine(path, num_threads=1)
     try:

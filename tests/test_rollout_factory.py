@@ -1,18 +1,22 @@
 """Tests of engine construction from RolloutConfig (rollout/factory.py)."""
 
+import contextlib
+
 import pytest
 
 from gspo_megatron.config.schema import RolloutConfig, SGLangConfig
 from gspo_megatron.rollout.embedded import EmbeddedEngine
 from gspo_megatron.rollout.factory import build_engine
-from gspo_megatron.rollout.tiny_model import build_tiny_policy, save_tiny_policy
+from gspo_megatron.rollout.sglang_engine import SGLangEngine
+from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model
 
 
 def test_embedded_from_model_and_from_directory(tmp_path):
     model, tok = build_tiny_policy()
-    eng = build_engine(RolloutConfig(), model=model, tokenizer=tok)
+    eng = build_engine(RolloutConfig(), model=model, tokenizer=tok, generation_context=contextlib.suppress)
     assert isinstance(eng, EmbeddedEngine) and eng.model is model
-    save_tiny_policy(str(tmp_path), seed=1)
+    assert eng.generation_context is contextlib.suppress  # the trainer's device-redirect hook
+    save_tiny_model(*build_tiny_policy(seed=1), str(tmp_path))
     assert isinstance(build_engine(RolloutConfig(), model_path=str(tmp_path)), EmbeddedEngine)
 
 
@@ -21,7 +25,7 @@ def test_clear_errors():
         build_engine(RolloutConfig(engine="embedded"))
     with pytest.raises(ValueError, match="server_addresses"):
         build_engine(RolloutConfig(engine="reference"))
-    with pytest.raises(ValueError, match="no model path"):
+    with pytest.raises(ValueError, match="model.hf_path"):
         build_engine(RolloutConfig(engine="sglang"))
     with pytest.raises(ValueError, match="not one of"):
         build_engine(RolloutConfig(engine="vllm"))
@@ -47,3 +51,17 @@ def test_rollout_package_never_imports_megatron():
                           env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
                                "PYTHONPATH": __file__.rsplit("/tests/", 1)[0]})
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_reference_fleet_is_launched_with_the_memory_saver_in_colocated_mode(monkeypatch):
+    seen = {}
+
+    def from_config(cfg, model_path, log_dir, enable_memory_saver, launch):
+        seen.update(saver=enable_memory_saver, launch=launch.__name__)
+        return "engine"
+
+    monkeypatch.setattr(SGLangEngine, "from_config", staticmethod(from_config))
+    assert build_engine(RolloutConfig(engine="reference"), model_path="/m") == "engine"
+    assert seen == {"saver": True, "launch": "launch_reference_fleet"}
+    build_engine(RolloutConfig(engine="sglang", mode="disaggregated"), model_path="/m")
+    assert seen == {"saver": False, "launch": "launch_sglang_fleet"}

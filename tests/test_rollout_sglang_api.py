@@ -56,11 +56,41 @@ def test_weight_update_payloads():
         "group_name": "weight_update_group", "backend": "nccl"}
     body = api.update_distributed_payload(["a"], ["bfloat16"], [(2, 3)], weight_version="7")
     assert body == {"names": ["a"], "dtypes": ["bfloat16"], "shapes": [[2, 3]],
-                    "group_name": "weight_update_group", "flush_cache": True,
+                    "group_name": "weight_update_group", "flush_cache": False,
                     "load_format": "flattened_bucket", "weight_version": "7"}
-    assert api.update_disk_payload("/d", False) == {"model_path": "/d", "flush_cache": False}
+    assert api.update_disk_payload("/d") == {"model_path": "/d", "flush_cache": False}
+    assert api.update_tensor_payload(["b1", "b2"], weight_version="3") == {
+        "serialized_named_tensors": ["b1", "b2"], "load_format": None, "flush_cache": False,
+        "weight_version": "3"}
     assert api.check_success("/x", {"success": True, "message": "ok"}) == "ok"
     with pytest.raises(RuntimeError, match="nope"):
         api.check_success("/x", {"success": False, "message": "nope"})
     with pytest.raises(api.ProtocolError):
         api.check_success("/x", ["?"])
+
+
+def test_control_payloads_and_their_checks():
+    assert api.pause_payload() == {"mode": "abort"}
+    with pytest.raises(ValueError, match="pause mode"):
+        api.pause_payload("later")
+    assert api.abort_payload("r7") == {"rid": "r7"} and api.abort_payload(abort_all=True) == {"abort_all": True}
+    with pytest.raises(ValueError, match="request id"):
+        api.abort_payload()
+    assert api.memory_payload() == {} and api.memory_payload(["weights"]) == {"tags": ["weights"]}
+    with pytest.raises(ValueError, match="unknown memory tags"):
+        api.memory_payload(["gpu"])
+
+
+def test_sglang_messages():
+    assert api.unknown_field_message("x", []) == "unknown field `x`, there are no fields"
+    assert api.unknown_field_message("x", ["a"]) == "unknown field `x`, expected `a`"
+    assert api.unknown_field_message("x", ["a", "b"]) == "unknown field `x`, expected `a` or `b`"
+    assert api.unknown_field_message("x", ["a", "b", "c"]) == \
+        "unknown field `x`, expected one of `a`, `b`, `c`"
+    assert api.error_message({"error": {"message": "m1"}}) == "m1"
+    assert api.error_message({"error": "m2"}) == "m2"
+    assert api.error_message({"object": "error", "message": "m3"}) == "m3"
+    assert api.error_message("Flush cache failed.\n") == "Flush cache failed.\n"
+    err = api.ServerRefused("h:1", "/begin_weight_update", "already open")
+    assert (err.server, err.endpoint, err.message) == ("h:1", "/begin_weight_update", "already open")
+    assert "h:1" in str(err) and "/begin_weight_update" in str(err) and "already open" in str(err)

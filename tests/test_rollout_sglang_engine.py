@@ -6,6 +6,7 @@ exactly once, and (per-sample seeds) with the same tokens as a fault-free embedd
 
 import socket
 import sys
+import threading
 import time
 
 import pytest
@@ -16,7 +17,7 @@ from gspo_megatron.rollout.embedded import EmbeddedEngine
 from gspo_megatron.rollout.reference_server import FaultPlan, ReferenceServer
 from gspo_megatron.rollout.sglang_engine import SampleFailed, SGLangEngine
 from gspo_megatron.rollout.sglang_launcher import ServerLauncher, reference_server_command
-from gspo_megatron.rollout.tiny_model import build_tiny_policy, save_tiny_policy
+from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
 
 PARAMS = SamplingParams(temperature=0.9, max_new_tokens=8, seed=21)
@@ -42,7 +43,8 @@ def expected(policy, batch):
 
 
 def _servers(policy, *faults):
-    return [ReferenceServer(EmbeddedEngine(*policy), faults=f).start() for f in faults]
+    return [ReferenceServer(EmbeddedEngine(*policy), faults=f, enable_memory_saver=True).start()
+            for f in faults]
 
 
 def _assert_same(samples, expected):
@@ -58,20 +60,25 @@ def test_client_sends_documented_fields_and_spreads_load(policy, batch, expected
     eng = SGLangEngine([s.address for s in servers], request_timeout_s=60)
     try:
         _assert_same(eng.generate(batch, PARAMS), expected)
-        bodies = [b for s in servers for p, b in s.request_log if p == api.GENERATE]
-        assert len(bodies) == 12 and all(len([p for p, _ in s.request_log]) > 0 for s in servers)
+        bodies = [b for s in servers for _, p, b in s.request_log if p == api.GENERATE]
+        assert len(bodies) == 12 and all(s.request_log for s in servers)
         for b in bodies:
             assert set(b) == api.GENERATE_FIELDS
             assert set(b["sampling_params"]) <= api.SAMPLING_FIELDS
             assert b["return_logprob"] is True and isinstance(b["sampling_params"]["sampling_seed"], int)
         assert len({b["rid"] for b in bodies}) == 12
         assert eng.metrics.num_retries == 0 and eng.metrics.tokens_per_s > 0
+        assert all(not s.sent_rids for s in eng.pool.servers)  # every answered id forgotten
         eng.flush_cache()
         eng.release_memory()
+        with pytest.raises(RuntimeError, match="resume_memory"):
+            eng.generate(batch, PARAMS)
         eng.resume_memory()
-        paths = [p for s in servers for p, _ in s.request_log]
-        for path in (api.FLUSH_CACHE, api.RELEASE_MEMORY, api.RESUME_MEMORY):
-            assert paths.count(path) == 2
+        for s in servers:
+            assert [p for _, p, _ in s.request_log if p != api.GENERATE] == [
+                api.FLUSH_CACHE, api.PAUSE, api.RELEASE_MEMORY, api.RESUME_MEMORY,
+                api.FLUSH_CACHE, api.CONTINUE]
+        _assert_same(eng.generate(batch, PARAMS), expected)
         assert eng.health()
     finally:
         eng.shutdown()
@@ -141,26 +148,89 @@ def test_wait_healthy_is_bounded():
     assert not eng.health()
 
 
+def _slow_server(step_s=0.01) -> ReferenceServer:
+    """A server whose model never emits EOS and takes ``step_s`` per decoding step."""
+    model, tok = build_tiny_policy(seed=0)
+    forward = model.forward
+    model.forward = lambda *a, **k: (time.sleep(step_s), forward(*a, **k))[1]
+    engine = EmbeddedEngine(model, tok)
+    engine._eos_ids = ()
+    return ReferenceServer(engine).start()
+
+
+def test_an_attempt_the_client_gives_up_on_is_aborted_on_its_server(policy):
+    slow = _slow_server()
+    eng = SGLangEngine([slow.address], request_timeout_s=0.5, max_retries=0)
+    try:
+        with pytest.raises(SampleFailed, match="timed out"):
+            eng.generate([GenerationRequest("p", [3, 4])], SamplingParams(max_new_tokens=400, seed=1))
+        aborts = [b for _, p, b in slow.request_log if p == api.ABORT]
+        assert aborts == [{"rid": "p/0/0"}]  # SGLang would keep generating it otherwise
+        deadline = time.monotonic() + 3
+        while slow.scheduler.running and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not slow.scheduler.running
+    finally:
+        slow.stop()
+
+
+def test_a_server_on_stale_weights_leaves_the_rotation(policy, batch):
+    current, stale = _servers(policy, FaultPlan(), FaultPlan())
+    current.engine.weight_version = "v5"
+    eng = SGLangEngine([current.address, stale.address], request_timeout_s=60)
+    eng.control.weight_version = "v5"  # as after a sync that only `current` received
+    try:
+        samples = eng.generate(batch, PARAMS)
+        assert {s.weight_version for s in samples} == {"v5"}
+        assert eng.pool.dead == [stale.address]
+        assert eng.pool.readmit_current("v5") == []  # still on 'default': it needs a sync
+    finally:
+        for s in (current, stale):
+            s.stop()
+
+
 @pytest.mark.slow
-def test_server_killed_mid_batch(tmp_path, policy, batch, expected):
-    """A server process that dies on its 3rd request: its samples finish on the survivor."""
-    save_tiny_policy(str(tmp_path / "m"), seed=0)
+def test_server_killed_mid_batch_then_skipped_and_readmitted(tmp_path, policy, batch, expected):
+    """SIGKILL of a server process mid-batch: every sample comes back exactly once (the same
+    samples as without the fault); the next weight sync skips the dead server and reports it; a
+    restarted server is used again only after the sync that re-admits it sends it the weights."""
+    from gspo_megatron.weight_sync.disk import DiskTransport
+
+    save_tiny_model(*build_tiny_policy(seed=0), str(tmp_path / "m"))
     port = _free_port()
     launcher = ServerLauncher(str(tmp_path / "logs"), env={"OMP_NUM_THREADS": "1"})
-    launcher.start(reference_server_command(str(tmp_path / "m"), port,
-                                            extra=["--exit-on-request", "3"],
-                                            python=sys.executable), f"127.0.0.1:{port}")
-    survivor = _servers(policy, FaultPlan())[0]
+    command = reference_server_command(str(tmp_path / "m"), port, python=sys.executable)
+    launcher.start(command + ["--delay-s", "0.4"], f"127.0.0.1:{port}")
+    survivor = _servers(policy, FaultPlan(delay_s=0.1))[0]
     eng = SGLangEngine([launcher.addresses[0], survivor.address], request_timeout_s=60,
                        launcher=launcher)
+    eng.attach_weight_transport(DiskTransport(str(tmp_path / "sync"), 1 << 20, servers=True))
     try:
         eng.wait_healthy(timeout_s=180)
+        victim = launcher.servers[0].process
+        threading.Timer(0.2, victim.kill).start()  # SIGKILL while its requests are in flight
         samples = eng.generate(batch, PARAMS)
         _assert_same(samples, expected)
-        assert launcher.servers[0].process.wait(timeout=30) == 17
-        assert eng.metrics.num_retries >= 1
-        assert not eng.health()
-        _assert_same(eng.generate(batch, PARAMS), expected)  # dead server stays out of rotation
+        assert victim.wait(timeout=30) == -9 and eng.metrics.num_retries >= 1
+        assert eng.pool.dead == [launcher.addresses[0]]
+
+        new, _ = build_tiny_policy(seed=11)
+        stats = eng.update_weights(new.state_dict().items(), weight_version="w1")
+        assert stats.phases["weight_sync/num_servers"] == 1.0
+        assert stats.phases["weight_sync/num_skipped_servers"] == 1.0
+
+        launcher.servers = []
+        launcher.start(command, f"127.0.0.1:{port}")  # the server comes back, on old weights
+        restarted = SGLangEngine([f"127.0.0.1:{port}"], request_timeout_s=60)
+        restarted.wait_healthy(timeout_s=180)
+        before = eng.generate(batch, PARAMS)
+        assert eng.pool.dead == [launcher.addresses[0]]  # not re-admitted before a sync
+        assert {s.weight_version for s in before} == {"w1"}
+        stats = eng.update_weights(new.state_dict().items(), weight_version="w2")
+        assert stats.phases["weight_sync/num_servers"] == 2.0 and eng.pool.dead == []
+        after = eng.generate(batch, SamplingParams(temperature=0.9, max_new_tokens=8, seed=22))
+        assert {s.weight_version for s in after} == {"w2"} and len(after) == 12
+        assert restarted.clients[0].model_info()["weight_version"] == "w2"
     finally:
         eng.shutdown()
         survivor.stop()

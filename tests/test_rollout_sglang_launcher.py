@@ -4,8 +4,8 @@ import sys
 import time
 
 from gspo_megatron.config.schema import SGLangConfig
-from gspo_megatron.rollout.sglang_launcher import (ServerLauncher, reference_server_command,
-                                                   sglang_server_command)
+from gspo_megatron.rollout.sglang_launcher import (ServerLauncher, launch_reference_fleet,
+                                                   reference_server_command, sglang_server_command)
 
 
 def _flag(cmd, name):
@@ -31,6 +31,16 @@ def test_reference_command():
     cmd = reference_server_command("/m", 123, extra=["--delay-s", "1"], python="py")
     assert cmd == ["py", "-m", "gspo_megatron.rollout.reference_server", "--model-path", "/m",
                    "--host", "127.0.0.1", "--port", "123", "--delay-s", "1"]
+    saver = reference_server_command("/m", 1, python="py", enable_memory_saver=True)
+    assert "--enable-memory-saver" in saver  # colocated mode releases memory (SGLang's flag)
+
+
+def test_reference_fleet_ports_and_flags(tmp_path, monkeypatch):
+    started = []
+    monkeypatch.setattr(ServerLauncher, "start", lambda self, cmd, addr: started.append((cmd, addr)))
+    launch_reference_fleet(SGLangConfig(num_servers=2, port=4000), "/m", enable_memory_saver=True)
+    assert [a for _, a in started] == ["127.0.0.1:4000", "127.0.0.1:4001"]
+    assert all("--enable-memory-saver" in c for c, _ in started)
 
 
 def test_launcher_stops_only_its_own_processes(tmp_path):

@@ -33,8 +33,11 @@ def test_detects_torchrun_then_slurm_then_single():
 
 def test_layout_that_does_not_fit_the_world_is_refused():
     env = {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
-    with pytest.raises(ConfigError, match="3 processes cannot hold tp=2"):
+    with pytest.raises(ConfigError, match="3 processes launched \\(torchrun\\) cannot run") as err:
         init_distributed(ParallelConfig(tp=2), environ=env)
+    assert "world size 3 is not divisible by tp*pp*cp = 2*1*1 = 2" in str(err.value)
+    with pytest.raises(ConfigError, match="config says 4 but 3 processes were launched"):
+        init_distributed(ParallelConfig(world_size=4), environ=env)
 
 
 def _forward_backward(rank: int, layout: dict) -> dict:

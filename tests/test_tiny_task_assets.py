@@ -1,4 +1,5 @@
-"""Tiny assets: the written model, tokenizer and data load with transformers and generate."""
+"""Tiny assets: the written model, tokenizer and data load with transformers and generate; the
+free-text tiny policy of the rollout tests."""
 
 from __future__ import annotations
 
@@ -58,3 +59,17 @@ def test_same_seed_gives_identical_weights(tmp_path):
         assert torch.equal(pa, pb), name
     assert not torch.equal(a.lm_head.weight, c.lm_head.weight)
     assert AdditionTaskConfig().num_digits == 2
+
+
+def test_free_text_policy_has_the_asked_sizes_and_reads_letters():
+    from gspo_megatron.tiny_task.model import build_tiny_policy
+
+    model, tok = build_tiny_policy(seed=3, hidden_size=32, num_layers=3, num_experts=2,
+                                   moe_ffn_hidden_size=16)
+    cfg = model.config
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_experts, cfg.moe_intermediate_size,
+            cfg.head_dim, cfg.max_position_embeddings) == (32, 3, 2, 16, 8, 512)
+    assert tok.decode(tok.encode("what is 1+1?")) == "what is 1+1?"
+    again, _ = build_tiny_policy(seed=3, hidden_size=32, num_layers=3, num_experts=2,
+                                 moe_ffn_hidden_size=16)
+    assert torch.equal(model.lm_head.weight, again.lm_head.weight)

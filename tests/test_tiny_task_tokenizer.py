@@ -33,7 +33,7 @@ def test_save_and_reload_keeps_padding_side_and_input_names(tmp_path):
 def test_a_wider_alphabet_keeps_the_special_ids_and_refuses_repeats():
     import pytest
 
-    from gspo_megatron.rollout.tiny_model import CHARS
+    from gspo_megatron.tiny_task.vocab import TEXT_ALPHABET as CHARS
 
     tok = build_char_tokenizer(alphabet=CHARS)
     default = build_char_tokenizer()

@@ -59,6 +59,11 @@ def _check_run(run_dir: Path, num_steps: int, first_synced_step: int = 1) -> lis
         assert 0.0 <= row["train/clip_frac_token"] <= 1.0 and row["train/grad_norm"] >= 0.0
     for row in rows[first_synced_step:]:
         assert row["weight_sync/gb"] > 0
+        # Expert volatility (the tiny model is MoE) and the per-length diagnostics.
+        assert 0.0 <= row["routing/activated_expert_changed_frac"] <= \
+            row["routing/expert_set_changed_frac"] <= 1.0
+        buckets = [k for k in row if k.startswith("train/len_") and k.endswith("/seq_frac")]
+        assert buckets and sum(row[k] for k in buckets) == pytest.approx(1.0)
     assert (run_dir / "config.yaml").is_file() and (run_dir / "metrics.png").is_file()
     assert (run_dir / "hf_export" / "config.json").is_file()
     return rows
@@ -80,8 +85,8 @@ def test_loop_single_process(assets, tmp_path, algo, source):
 @pytest.mark.slow
 @pytest.mark.parametrize("layout, algo, source", [
     (["parallel.tp=2", "parallel.sp=true"], "gspo", "learner"),
-    (["parallel.ep=2", "algo.tis.enabled=true"], "grpo", "rollout"),
-], ids=["tp2_gspo_learner", "ep2_grpo_rollout_tis"])
+    (["parallel.ep=2", "algo.tis.enabled=true", "algo.routing_replay=true"], "grpo", "learner"),
+], ids=["tp2_gspo_learner", "ep2_grpo_learner_tis_routing_replay"])
 def test_loop_two_gloo_ranks(assets, tmp_path, layout, algo, source):
     extra = [*layout, f"algo.loss={algo}", f"algo.old_logprob_source={source}", "trainer.num_steps=2"]
     if algo == "grpo":
@@ -132,12 +137,15 @@ def _tail(run_dir: Path) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overlap", [False, True], ids=["on_policy", "overlap"])
+@pytest.mark.parametrize("overlap", [False, True], ids=["on_policy", "overlap_learner_pi_old"])
 def test_killed_run_resumes_to_identical_metrics(assets, tmp_path, overlap):
-    """With the overlap, the checkpoint of step 2 carries the in-flight rollout of step 3. The
-    reference and the victim run side by side (independent processes, two cores)."""
+    """With the overlap, the checkpoint of step 2 carries the in-flight rollout of step 3 and its
+    pi_old, computed by the learner under the generating weights, which are gone after the kill.
+    The reference and the victim run side by side (independent processes, two cores)."""
     ref_dir, killed_dir = tmp_path / "ref", tmp_path / "killed"
     flags = (f"rollout.overlap_one_step={str(overlap).lower()}",)
+    if overlap:
+        flags += ("algo.old_logprob_source=learner",)
     ref = _spawn(assets, ref_dir, *flags)
     victim = _spawn(assets, killed_dir, *flags)
     deadline = time.monotonic() + 600
@@ -176,12 +184,20 @@ def test_bad_inputs_stop_with_a_clear_error(assets, tmp_path, caplog):
         assert message in caplog.text, (extra, caplog.text[-2000:])
 
 
-def test_before_after_table_shows_first_and_last_evaluation():
-    from gspo_megatron.trainer.build import before_after_table
 
-    history = [{"step": 0, "eval/accuracy": 0.25}, {"step": 1, "reward/mean": 0.5},
-               {"step": 2, "eval/accuracy": 0.75}]
-    table = before_after_table(history).splitlines()
-    assert table[0].split() == ["metric", "step", "0", "step", "2"]
-    assert table[1].split() == ["eval/accuracy", "0.2500", "0.7500"]
-    assert before_after_table([{"step": 1, "reward/mean": 0.1}]) == ""
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["colocated", "disaggregated"])
+def test_loop_with_reference_servers(assets, tmp_path, mode):
+    """The trainer against a reference server process: colocated (memory released around the
+    learner's phases, tensor handles through shared memory) and disaggregated (gloo broadcast)."""
+    from gspo_megatron.distributed.runtime import free_port
+
+    extra = ["trainer.num_steps=1", "rollout.engine=reference", f"rollout.mode={mode}",
+             f"rollout.sglang.port={free_port()}", "rollout.sglang.health_timeout_s=300"]
+    assert _train(0, _overrides(assets, tmp_path, *extra))["code"] == 0
+    rows = _check_run(tmp_path, 1)
+    sync = rows[1]
+    assert sync["weight_sync/num_servers"] == 1.0 and sync["weight_sync/num_skipped_servers"] == 0.0
+    for phase in ("pause", "begin", "end", "transfer"):
+        assert f"weight_sync/{phase}_s" in sync
+    assert ("weight_sync/continue_s" in sync) == (mode == "disaggregated")  # colocated: on resume

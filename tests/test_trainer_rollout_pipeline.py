@@ -1,8 +1,10 @@
-"""RolloutPipeline with a fake learner: hand-over order, background generation, the learner's
-log-probs under the generating weights, and the checkpoint round trip of an in-flight rollout."""
+"""RolloutPipeline with a fake learner: hand-over order, background generation, ``prepare`` (the
+learner's pi_old) under the generating weights, and the checkpoint round trip of an in-flight
+rollout."""
 
 import dataclasses
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -54,9 +56,33 @@ def _rollout(step: int) -> ScoredRollout:
                          num_prompts_drawn=1)
 
 
-def _pipeline(produce, learner, overlap, learner_logprobs=False, is_main=True):
-    return RolloutPipeline(produce, learner, FakeSampler(), is_main=is_main, world_size=1,
-                           overlap=overlap, learner_logprobs=learner_logprobs)
+def _prepare_with(learner, calls=None):
+    """What the loop's prepare returns, reduced to its pi_old: one mini-batch; the learner's
+    log-probs (under whatever weights it holds now), or the saved ones from a checkpoint."""
+
+    def prepare(rollout, saved):
+        if calls is not None:
+            calls.append(saved is not None)
+        if saved is not None:
+            lps = saved[0]
+        else:
+            batch = SimpleNamespace(token_ids=[s.prompt_token_ids + s.response_token_ids
+                                               for s in rollout.samples],
+                                    prompt_lens=[len(s.prompt_token_ids) for s in rollout.samples])
+            lps = learner.compute_logprobs(batch).logprobs
+        return SimpleNamespace(old=SimpleNamespace(mini_batches=[SimpleNamespace(old_logprobs=lps)]))
+
+    return prepare
+
+
+def _lps(ready):
+    return [t.tolist() for t in ready.prepared.old.mini_batches[0].old_logprobs]
+
+
+def _pipeline(produce, learner, overlap, learner_logprobs=False, is_main=True, calls=None):
+    return RolloutPipeline(produce, _prepare_with(learner, calls), learner, FakeSampler(),
+                           is_main=is_main, world_size=1, overlap=overlap,
+                           learner_logprobs=learner_logprobs)
 
 
 def test_on_policy_produces_at_take_time():
@@ -106,12 +132,12 @@ def test_learner_logprobs_use_the_generating_weights():
     pipe.submit(2, trained_steps=1)  # the engine now has weight 0.5
     learner.update(0.75)  # the learner trains meanwhile
     ready = pipe.take(2)
-    assert [t.tolist() for t in ready.learner_logprobs] == [[0.5, 0.5, 0.5]] * 2
+    assert _lps(ready) == [[0.5, 0.5, 0.5]] * 2
     assert learner.weight == 0.75  # the current weights came back
     # on-policy: the current weights are the generating ones
     on = _pipeline(_rollout, learner, overlap=False, learner_logprobs=True)
     on.submit(3, trained_steps=2)
-    assert on.take(3).learner_logprobs[0].tolist() == [0.75] * 3
+    assert _lps(on.take(3))[0] == [0.75] * 3
 
 
 def test_in_flight_rollout_survives_a_checkpoint():
@@ -121,14 +147,16 @@ def test_in_flight_rollout_survives_a_checkpoint():
     pipe.submit(4, trained_steps=2)
     learner.update(2.0)
     state = pipe.checkpoint_state()
-    assert state["step"] == 4 and state["learner_logprobs"] == [[0.0] * 3] * 2
+    assert state["step"] == 4 and state["old_logprobs"] == [[[0.0] * 3] * 2]  # per mini-batch
     learner.update(3.0)  # the snapshot is gone after a restart: the saved values must be used
-    resumed = _pipeline(_rollout, learner, overlap=True, learner_logprobs=True)
+    calls = []
+    resumed = _pipeline(_rollout, learner, overlap=True, learner_logprobs=True, calls=calls)
     resumed.restore(state)
     assert resumed.has(4)
     a, b = pipe.take(4), resumed.take(4)
+    assert calls == [True]  # prepared from the saved pi_old, not a pass under the new weights
     assert a.rollout == b.rollout and a.policy_lag == b.policy_lag == 1
-    assert [t.tolist() for t in a.learner_logprobs] == [t.tolist() for t in b.learner_logprobs]
+    assert _lps(a) == _lps(b) == [[0.0] * 3] * 2
 
 
 def test_restored_rollout_does_not_advance_other_ranks_samplers():
@@ -136,7 +164,7 @@ def test_restored_rollout_does_not_advance_other_ranks_samplers():
     other = _pipeline(None, learner, overlap=True, is_main=False)
     other.submit(1, trained_steps=0)
     state = {"step": 1, "version": 0, "rollout": dataclasses.asdict(_rollout(1)),
-             "learner_logprobs": None}
+             "old_logprobs": None}
     fresh = _pipeline(None, learner, overlap=True, is_main=False)
     fresh.restore(state)
     fresh.take(1)

@@ -1,52 +1,74 @@
 """Broadcast-group weight sync to reference servers in other processes (disaggregated mode).
 
-Two reference servers are started with the CLI (``python -m ...reference_server``); the test
-process is group rank 0 and broadcasts bucketed weights over gloo, as the learner does.
+Two reference servers run as processes (``python -m ...reference_server``, request logs on
+disk); the test process is group rank 0 and broadcasts bucketed weights over gloo, as a pipeline
+stage's first rank does. Checks: bit-identical weights after every update, SGLang's call order,
+a refused bucket fails at once (not after the collective's timeout), and a killed server is
+skipped by the next update, which re-forms the group without it.
 """
 
-import socket
+import json
+import sys
+import time
 
 import pytest
 import torch
 
-from gspo_megatron.config.schema import SGLangConfig, WeightSyncConfig
+from gspo_megatron.config.schema import WeightSyncConfig
+from gspo_megatron.distributed.runtime import free_port
+from gspo_megatron.rollout import sglang_api as api
 from gspo_megatron.rollout.embedded import teacher_forced_logprobs
-from gspo_megatron.rollout.factory import launch_reference_fleet
+from gspo_megatron.rollout.sglang_client import SGLangServerClient
 from gspo_megatron.rollout.sglang_engine import SGLangEngine
-from gspo_megatron.rollout.tiny_model import build_tiny_policy, save_tiny_policy
+from gspo_megatron.rollout.sglang_launcher import ServerLauncher, reference_server_command
+from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
 from gspo_megatron.weight_sync import build_transport
 from gspo_megatron.weight_sync.distributed_broadcast import BroadcastTransport
 
+CHECKED = ("lm_head.weight", "model.layers.0.mlp.experts.3.up_proj.weight",
+           "model.layers.1.mlp.gate.weight")
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+def _calls(path):
+    with open(path) as f:
+        rows = [json.loads(line)["path"] for line in f]
+    out = [p for p in rows if p not in (api.GENERATE, api.HEALTH_GENERATE, api.SERVER_INFO,
+                                        api.MODEL_INFO, api.GET_WEIGHTS_BY_NAME)]
+    return [p for i, p in enumerate(out) if i == 0 or p != out[i - 1] or p != api.UPDATE_FROM_DISTRIBUTED]
+
+
+def _check_weights(clients, policy):
+    for client in clients:
+        for name in CHECKED:
+            got = torch.tensor(client.get_weights_by_name(name, 10 ** 6), dtype=torch.float32)
+            assert torch.equal(got, policy.state_dict()[name].reshape(-1)), (client.address, name)
 
 
 @pytest.mark.slow
-def test_broadcast_sync_to_two_server_processes(tmp_path):
+def test_broadcast_sync_to_server_processes(tmp_path, monkeypatch):
     torch.set_num_threads(1)
-    save_tiny_policy(str(tmp_path / "m"), seed=0)
-    ports = SGLangConfig(num_servers=2, port=_free_port())
-    launcher = launch_reference_fleet(ports, str(tmp_path / "m"), log_dir=str(tmp_path / "logs"))
+    save_tiny_model(*build_tiny_policy(seed=0), str(tmp_path / "m"))
+    launcher = ServerLauncher(str(tmp_path / "logs"), env={"OMP_NUM_THREADS": "1"})
+    logs = []
+    for i in range(2):
+        port = free_port()
+        logs.append(tmp_path / f"requests{i}.jsonl")
+        launcher.start(reference_server_command(str(tmp_path / "m"), port, python=sys.executable,
+                                                extra=["--request-log", str(logs[-1])]),
+                       f"127.0.0.1:{port}")
     eng = SGLangEngine(launcher.addresses, request_timeout_s=60, launcher=launcher)
     try:
         eng.wait_healthy(timeout_s=180)
         transport = build_transport(WeightSyncConfig(transport="nccl", bucket_bytes=48 * 1024), eng,
-                                    mode="disaggregated", master_port=_free_port())
+                                    "reference", mode="disaggregated", master_address="127.0.0.1")
         assert isinstance(transport, BroadcastTransport) and transport.backend == "gloo"
-        assert transport.world_size == 3
         for version, seed in (("v1", 5), ("v2", 6)):
             new, tok = build_tiny_policy(seed=seed)
             stats = eng.update_weights(((n, t.clone()) for n, t in new.state_dict().items()), version)
             assert stats.num_buckets > 1 and stats.num_tensors == len(new.state_dict())
-            for client in eng.clients:  # bit-identical on every server
-                for name in ("lm_head.weight", "model.layers.0.mlp.experts.3.up_proj.weight",
-                             "model.layers.1.mlp.gate.weight"):
-                    got = torch.tensor(client.get_weights_by_name(name, 10 ** 6), dtype=torch.float32)
-                    assert torch.equal(got, new.state_dict()[name].reshape(-1)), (client.address, name)
+            assert transport.world_size == 3 and transport.group_name == "weight_update_group"
+            _check_weights(eng.clients, new)
             samples = eng.generate([GenerationRequest(f"p{i}", tok(t)["input_ids"], n=2)
                                     for i, t in enumerate(["1+2=", "hello"])],
                                    SamplingParams(max_new_tokens=6, seed=4, temperature=0.9))
@@ -54,6 +76,30 @@ def test_broadcast_sync_to_two_server_processes(tmp_path):
                 assert s.weight_version == version
                 ref = teacher_forced_logprobs(new, s.prompt_token_ids, s.response_token_ids, 0.9)
                 assert torch.allclose(torch.tensor(s.response_logprobs), ref, atol=1e-5)
+        cycle = [api.PAUSE, api.BEGIN_UPDATE, api.UPDATE_FROM_DISTRIBUTED, api.END_UPDATE,
+                 api.FLUSH_CACHE, api.CONTINUE]
+        for log in logs:  # the group is formed once, after the first pause and begin
+            assert _calls(log) == cycle[:2] + [api.INIT_GROUP] + cycle[2:] + cycle
+
+        # a refused bucket (no session: SGLang then receives nothing) fails at once
+        with monkeypatch.context() as m:
+            m.setattr(SGLangServerClient, "begin_weight_update", lambda self: "")
+            start = time.monotonic()
+            with pytest.raises(api.ServerRefused, match="must run between"):
+                eng.update_weights(new.state_dict().items(), "v3")
+            assert time.monotonic() - start < 30
+        eng.update_weights(new.state_dict().items(), "v4")  # the group is re-formed
+        _check_weights(eng.clients, new)
+
+        victim = launcher.servers[1].process
+        victim.kill()
+        victim.wait(timeout=30)
+        newer, _ = build_tiny_policy(seed=7)
+        stats = eng.update_weights(newer.state_dict().items(), "v5")
+        assert stats.phases["weight_sync/num_servers"] == 1.0
+        assert stats.phases["weight_sync/num_skipped_servers"] == 1.0
+        assert transport.world_size == 2  # re-formed with the survivor only
+        _check_weights(eng.clients[:1], newer)
     finally:
         eng.shutdown()
     assert launcher.servers == []

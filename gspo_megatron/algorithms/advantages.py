@@ -9,18 +9,17 @@ relative to the group:
 A group whose rewards are all equal (all solved or all failed) has zero advantage for every
 response: it contributes no policy gradient, only noise in the normaliser. Such groups are
 detected exactly (``max == min``), their advantages are set to exactly 0 (never NaN, even with
-``eps = 0``), and they are reported, dropped, or replaced by new groups (DAPO's dynamic sampling,
-arXiv 2503.14476) with :class:`DynamicSamplingBuffer`.
+``eps = 0``), and they are reported, or dropped and replaced by new groups (DAPO's dynamic
+sampling, arXiv 2503.14476) with :class:`DynamicSamplingBuffer`, which the rollout step
+(``trainer/rollout_step.py``) fills round by round.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
-
-from gspo_megatron.algorithms.metrics import metric_mean
 
 ADVANTAGE_MODES = ("group_norm", "group_mean")
 
@@ -81,62 +80,50 @@ def compute_group_advantages(
     return advantages.view(rewards.shape), zero_var
 
 
-def drop_zero_variance_groups(zero_variance_mask: torch.Tensor,
-                              *per_group: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-    """Keep only informative groups of each ``[num_groups, ...]`` tensor (DAPO dynamic sampling)."""
-    keep = ~zero_variance_mask.bool()
-    out = []
-    for t in per_group:
-        if t.shape[0] != keep.shape[0]:
-            raise ValueError(f"tensor with leading size {t.shape[0]} cannot be filtered by a "
-                             f"mask over {keep.shape[0]} groups")
-        out.append(t[keep])
-    return tuple(out)
-
-
-def advantage_metrics(rewards: torch.Tensor, zero_variance_mask: torch.Tensor) -> Dict[str, torch.Tensor]:
-    """``[sum, count]`` metrics of one batch: reward mean, in-group reward std, zero-variance
-    group fraction (the groups that carry no gradient)."""
-    groups = rewards.reshape(zero_variance_mask.shape[0], -1).to(torch.float64)
-    return {
-        "reward_mean": metric_mean(groups.flatten()),
-        "reward_group_std_mean": metric_mean(groups.std(dim=1, unbiased=False)),
-        "zero_variance_group_frac": metric_mean(zero_variance_mask.to(torch.float64)),
-    }
-
-
 @dataclass
 class DynamicSamplingBuffer:
-    """Collects informative groups over generation rounds until a step has enough of them.
+    """Collects whole groups over generation rounds until a step has enough of them.
 
-    The loop generates a batch, calls :meth:`add` with each group's rewards and payload, and
-    generates again (up to ``max_rounds`` extra rounds) while :attr:`is_full` is False; then
-    :meth:`take` returns at most ``num_groups_wanted`` groups (fewer if the rounds ran out).
-    :attr:`num_dropped` counts the zero-variance groups discarded, :attr:`num_seen` all groups.
+    Each round the caller generates :attr:`num_missing` groups, computes their advantages and
+    zero-variance mask (:func:`compute_group_advantages`) and calls :meth:`add`; it stops when
+    :attr:`is_full` or its rounds run out, then :meth:`take` returns at most
+    ``num_groups_wanted`` groups. With ``drop_zero_variance`` (DAPO's dynamic sampling) groups
+    whose rewards are all equal are discarded (:attr:`num_dropped`); without it every group is
+    kept and one round fills the buffer. :attr:`num_zero_variance` counts the zero-variance
+    groups seen either way, :attr:`num_seen` all groups.
     """
 
     num_groups_wanted: int
+    drop_zero_variance: bool = True
     kept: List[Any] = field(default_factory=list)
     num_seen: int = 0
+    num_zero_variance: int = 0
     num_dropped: int = 0
 
-    def add(self, rewards: torch.Tensor, payloads: Sequence[Any]) -> torch.Tensor:
-        """Add ``[num_groups, n]`` rewards with one payload per group; returns the zero-var mask."""
-        if rewards.dim() != 2 or rewards.shape[0] != len(payloads):
-            raise ValueError(f"rewards {tuple(rewards.shape)} must be [num_groups, n] with one "
-                             f"payload per group ({len(payloads)} given)")
-        _check_finite(rewards.to(torch.float32))
-        zero_var = rewards.amax(dim=1) == rewards.amin(dim=1)
+    def add(self, payloads: Sequence[Any], zero_variance_mask: torch.Tensor) -> None:
+        """Add one payload per group, with the ``[num_groups]`` bool zero-variance mask."""
+        flags = [bool(z) for z in zero_variance_mask.reshape(-1).tolist()]
+        if len(flags) != len(payloads):
+            raise ValueError(f"zero_variance_mask covers {len(flags)} groups but "
+                             f"{len(payloads)} payloads were given (one payload per group)")
         self.num_seen += len(payloads)
-        self.num_dropped += int(zero_var.sum())
-        self.kept.extend(p for p, z in zip(payloads, zero_var.tolist()) if not z)
-        return zero_var
+        self.num_zero_variance += sum(flags)
+        for payload, flat in zip(payloads, flags):
+            if flat and self.drop_zero_variance:
+                self.num_dropped += 1
+            else:
+                self.kept.append(payload)
+
+    @property
+    def num_missing(self) -> int:
+        """Groups still wanted (0 once full)."""
+        return max(self.num_groups_wanted - len(self.kept), 0)
 
     @property
     def is_full(self) -> bool:
-        return len(self.kept) >= self.num_groups_wanted
+        return self.num_missing == 0
 
     def take(self) -> List[Any]:
-        """The first ``num_groups_wanted`` informative groups; surplus groups are discarded."""
+        """The first ``num_groups_wanted`` kept groups; surplus groups are discarded."""
         out, self.kept = self.kept[: self.num_groups_wanted], []
         return out

@@ -18,8 +18,8 @@ same on every rank, so each rank's gradient w.r.t. its own vocabulary slice is c
 (the same convention as Megatron's ``vocab_parallel_cross_entropy``); no backward all-reduce.
 
 ``sequence_sums`` completes per-sequence sums over the context-parallel group; see its docstring
-for the gradient convention. ``padded_to_packed`` / ``packed_to_padded`` / ``seq_index_from_cu_seqlens``
-convert between the two batch layouts the learner uses.
+for the gradient convention. The learner calls the first (``learner/forward.py``), the losses the
+second (``algorithms/loss_terms.py``).
 """
 
 from __future__ import annotations
@@ -252,73 +252,3 @@ def sequence_sums(values: torch.Tensor, seq_index: torch.Tensor, num_seqs: int,
     out = torch.zeros(num_seqs, dtype=dtype, device=values.device)
     out = out.index_add(0, seq_index, values.to(dtype))
     return all_reduce_sum_local_grad(out, cp_group)
-
-
-def sequence_token_counts(seq_index: torch.Tensor, num_seqs: int, cp_group=None) -> torch.Tensor:
-    """``[num_seqs]`` int64 full length of each sequence, counting its tokens on every CP rank."""
-    counts = torch.bincount(seq_index, minlength=num_seqs)
-    if counts.numel() != num_seqs:
-        raise ValueError(f"seq_index holds ids up to {counts.numel() - 1}, >= num_seqs={num_seqs}")
-    if _group_size_rank(cp_group)[0] > 1:
-        dist.all_reduce(counts, group=cp_group)
-    return counts
-
-
-def seq_index_from_cu_seqlens(cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """``[num_tokens]`` int64 sequence index of each token of a packed batch.
-
-    ``cu_seqlens`` is ``[num_seqs + 1]`` cumulative lengths starting at 0 (flash-attention's
-    convention).
-    """
-    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1 or int(cu_seqlens[0]) != 0 \
-            or bool((lengths < 0).any()):
-        raise ValueError(f"cu_seqlens must be 1-D, start at 0 and not decrease: {cu_seqlens.tolist()}")
-    return torch.repeat_interleave(torch.arange(lengths.numel(), device=cu_seqlens.device),
-                                   lengths)
-
-
-def padded_to_packed(padded: torch.Tensor, mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``[B, T, ...]`` padded values and a ``[B, T]`` bool mask -> (packed ``[N, ...]``, cu_seqlens).
-
-    Row b's masked positions become sequence b, in order (left, right or no padding all work).
-    """
-    if mask.dim() != 2 or padded.shape[:2] != mask.shape:
-        raise ValueError(f"padded {tuple(padded.shape)} must start with mask's shape {tuple(mask.shape)}")
-    mask = mask.bool()
-    lengths = mask.sum(dim=1)
-    cu_seqlens = torch.zeros(mask.shape[0] + 1, dtype=torch.int64, device=mask.device)
-    cu_seqlens[1:] = torch.cumsum(lengths, 0)
-    return padded[mask], cu_seqlens
-
-
-def packed_to_padded(packed: torch.Tensor, cu_seqlens: torch.Tensor, pad_value: float = 0.0,
-                     max_len: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Packed ``[N, ...]`` values -> (right-padded ``[B, T, ...]``, ``[B, T]`` bool mask)."""
-    seq_index = seq_index_from_cu_seqlens(cu_seqlens)
-    if packed.shape[0] != seq_index.numel():
-        raise ValueError(f"packed has {packed.shape[0]} tokens but cu_seqlens ends at "
-                         f"{int(cu_seqlens[-1])}")
-    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-    longest = int(lengths.max()) if lengths.numel() else 0
-    width = longest if max_len is None else max_len
-    if width < longest:
-        raise ValueError(f"max_len={max_len} is shorter than the longest sequence ({longest})")
-    position = torch.arange(packed.shape[0], device=packed.device) - cu_seqlens[seq_index]
-    out = packed.new_full((lengths.numel(), width) + tuple(packed.shape[1:]), pad_value)
-    out[seq_index, position] = packed
-    mask = torch.zeros(lengths.numel(), width, dtype=torch.bool, device=packed.device)
-    mask[seq_index, position] = True
-    return out, mask
-
-
-def next_token_targets(tokens: torch.Tensor, cu_seqlens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Targets for a packed batch: position t predicts token t+1 *of the same sequence*.
-
-    Returns ``(targets [N], valid [N] bool)``; the last position of each sequence has no target
-    (``valid`` False, target 0), so no prediction crosses a sequence boundary.
-    """
-    targets = torch.roll(tokens, -1, dims=0)
-    valid = torch.ones_like(tokens, dtype=torch.bool)
-    valid[cu_seqlens[1:][cu_seqlens[1:] > cu_seqlens[:-1]] - 1] = False
-    return torch.where(valid, targets, torch.zeros_like(targets)), valid

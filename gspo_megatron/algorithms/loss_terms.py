@@ -12,6 +12,7 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from gspo_megatron.algorithms.length_diagnostics import length_diagnostics
 from gspo_megatron.algorithms.logprobs import sequence_sums
 from gspo_megatron.algorithms.metrics import metric_max, metric_mean, metric_min
 from gspo_megatron.algorithms.types import PolicyLossInputs
@@ -129,13 +130,15 @@ def penalty_per_token(inputs: PolicyLossInputs, cfg) -> Optional[torch.Tensor]:
 
 
 def common_metrics(inputs: PolicyLossInputs) -> Metrics:
-    """Approx KL(old || new), entropy, reference KL and the engine-vs-learner mismatch.
+    """KL(old || new), entropy, reference KL and the engine-vs-learner mismatch.
 
+    ``approx_kl`` estimates KL(pi_old || pi_theta) per token from tokens sampled by pi_old:
+    k3 with ``log(pi_theta / pi_old)``, i.e. ``exp(l) - 1 - l`` (unbiased, >= 0).
     The mismatch compares the learner's ``old_logprobs`` with the engine's ``rollout_logprobs``
     (same weights, different engines) per token and per sequence (mean log-ratio).
     """
     log_ratio = (inputs.logprobs - inputs.old_logprobs).detach()
-    out: Metrics = {"approx_kl": metric_mean(k3(-log_ratio))}
+    out: Metrics = {"approx_kl": metric_mean(k3(log_ratio))}
     if inputs.entropy is not None:
         out["entropy"] = metric_mean(inputs.entropy)
     if inputs.ref_logprobs is not None:
@@ -151,15 +154,19 @@ def common_metrics(inputs: PolicyLossInputs) -> Metrics:
 
 
 def clip_metrics(low_tok: torch.Tensor, high_tok: torch.Tensor, inputs: PolicyLossInputs,
-                 ratio: torch.Tensor) -> Metrics:
+                 ratio: torch.Tensor, seq_log_ratio: torch.Tensor, cfg) -> Metrics:
     """Clipped fractions (tokens whose gradient clipping removed, low / high side separately;
-    sequences with any such token) and the min / mean / max of the clipped ratio."""
+    sequences with any such token), the min / mean / max of the clipped ratio, and the same by
+    response length with the sequence log-ratios ``[num_seqs]`` (``length_diagnostics.py``)."""
     clipped = (low_tok | high_tok).double()
     per_seq = sequence_sums(clipped, inputs.seq_index, inputs.num_seqs, inputs.cp_group) > 0
     ratio = ratio.detach()
-    return {"clip_frac_token_low": metric_mean(low_tok.double()),
-            "clip_frac_token_high": metric_mean(high_tok.double()),
-            "clip_frac_token": metric_mean(clipped),
-            "clip_frac_seq": metric_mean(per_seq.double()),
-            "ratio_mean": metric_mean(ratio), "ratio_min": metric_min(ratio),
-            "ratio_max": metric_max(ratio)}
+    out = {"clip_frac_token_low": metric_mean(low_tok.double()),
+           "clip_frac_token_high": metric_mean(high_tok.double()),
+           "clip_frac_token": metric_mean(clipped),
+           "clip_frac_seq": metric_mean(per_seq.double()),
+           "ratio_mean": metric_mean(ratio), "ratio_min": metric_min(ratio),
+           "ratio_max": metric_max(ratio)}
+    out.update(length_diagnostics(seq_log_ratio, per_seq, clipped > 0, inputs.seq_token_counts,
+                                  inputs.seq_index, cfg.diagnostics))
+    return out

@@ -1,4 +1,5 @@
-"""Registered policy losses: GSPO (arXiv 2507.18071), GSPO-token and GRPO, chosen by ``algo.loss``.
+"""Registered losses: GSPO (arXiv 2507.18071), GSPO-token and GRPO, chosen by ``algo.loss``, and
+the supervised cold-start loss ``sft`` under the same contract.
 
     loss_fn = get_policy_loss(cfg.loss)          # the only place the name is looked at
     out = loss_fn(PolicyLossInputs(...), cfg)    # cfg: config.schema.AlgorithmConfig
@@ -16,7 +17,11 @@ Notation: G sequences (``global_num_seqs``), response y_i of |y_i| tokens, per-t
 * ``grpo``: ``r_t = exp(l_t)``, per-token ``min(r_t A_t, clip(r_t) A_t)``, averaged over all
   tokens (``token_mean``, DAPO) or per sequence then over sequences (``seq_mean_token_mean``).
 
-Options for all: a k3 KL penalty to the reference policy (``kl_coef``), an entropy bonus
+* ``sft`` (the cold start before RL, ``trainer.num_sft_steps``): token NLL
+  ``loss = -(1/T) sum_t log pi(y_t)`` over the response tokens, ``T = global_num_tokens``;
+  advantages and old log-probs are ignored, and the loop scores it at temperature 1.0.
+
+Options for the policy losses: a k3 KL penalty to the reference policy (``kl_coef``), an entropy bonus
 (``entropy_coef``), both aggregated like the policy term, and truncated importance sampling
 ``min(pi_old / pi_rollout, C)`` (``tis``) multiplying the policy term's gradient of each token.
 
@@ -54,11 +59,12 @@ def get_policy_loss(name: str) -> LossFn:
     """The loss registered as ``name``; ValueError naming the registered ones otherwise."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown policy loss algo.loss={name!r}; registered: "
-                         f"{', '.join(sorted(_REGISTRY))}")
+                         f"{', '.join(registered_policy_losses())}")
     return _REGISTRY[name]
 
 
 def registered_policy_losses() -> Tuple[str, ...]:
+    """Sorted names of every registered loss."""
     return tuple(sorted(_REGISTRY))
 
 
@@ -119,7 +125,8 @@ def gspo_loss(inputs: PolicyLossInputs, cfg) -> LossOutput:
                                inputs, over_cp=False)
         per_seq = per_seq - per_seq.detach() + share * per_seq.detach()
     low, high = _clip_masks(ratio, adv, cfg)
-    metrics.update(terms.clip_metrics(low[inputs.seq_index], high[inputs.seq_index], inputs, ratio))
+    metrics.update(terms.clip_metrics(low[inputs.seq_index], high[inputs.seq_index], inputs, ratio,
+                                      seq_log_ratio, cfg))
     return _finish(per_seq.sum(), inputs, cfg, inputs.global_num_seqs,
                    lambda x: _seq_mean_token_mean(x, inputs), metrics)
 
@@ -130,14 +137,15 @@ def gspo_token_loss(inputs: PolicyLossInputs, cfg) -> LossOutput:
     terms.validate_inputs(inputs, cfg)
     weights, metrics = terms.tis_weights(inputs, cfg)
     logp = inputs.logprobs.float()
-    seq_ratio = torch.exp(terms.seq_mean((logp - inputs.old_logprobs.float()).detach(), inputs))
+    seq_log_ratio = terms.seq_mean((logp - inputs.old_logprobs.float()).detach(), inputs)
+    seq_ratio = torch.exp(seq_log_ratio)
     ratio = seq_ratio[inputs.seq_index] * torch.exp(logp - logp.detach())
     adv = inputs.advantages.float()
     per_token = -_clipped_objective(ratio, adv, cfg)
     if weights is not None:
         per_token = per_token * weights
     low, high = _clip_masks(ratio, adv, cfg)
-    metrics.update(terms.clip_metrics(low, high, inputs, seq_ratio))
+    metrics.update(terms.clip_metrics(low, high, inputs, seq_ratio, seq_log_ratio, cfg))
     aggregate = lambda x: _seq_mean_token_mean(x, inputs)  # noqa: E731
     metrics["pg_loss"] = metric_mean(terms.seq_mean(per_token.detach(), inputs))
     return _finish(aggregate(per_token), inputs, cfg, inputs.global_num_seqs, aggregate, metrics)
@@ -148,7 +156,8 @@ def grpo_loss(inputs: PolicyLossInputs, cfg) -> LossOutput:
     """Token-level ratios ``r_t = exp(l_t)`` with asymmetric clipping (DAPO clip-higher)."""
     terms.validate_inputs(inputs, cfg)
     weights, metrics = terms.tis_weights(inputs, cfg)
-    ratio = torch.exp(inputs.logprobs.float() - inputs.old_logprobs.float())
+    log_ratio = inputs.logprobs.float() - inputs.old_logprobs.float()
+    ratio = torch.exp(log_ratio)
     adv = inputs.advantages.float()
     per_token = -_clipped_objective(ratio, adv, cfg)
     if weights is not None:
@@ -161,6 +170,25 @@ def grpo_loss(inputs: PolicyLossInputs, cfg) -> LossOutput:
         raise ValueError(f"algo.grpo_aggregation={cfg.grpo_aggregation!r}; expected "
                          "'token_mean' or 'seq_mean_token_mean'")
     low, high = _clip_masks(ratio, adv, cfg)
-    metrics.update(terms.clip_metrics(low, high, inputs, ratio))
+    # The sequence log-ratio is only a diagnostic here (GRPO clips tokens).
+    metrics.update(terms.clip_metrics(low, high, inputs, ratio,
+                                      terms.seq_mean(log_ratio.detach(), inputs), cfg))
     metrics["pg_loss"] = metric_mean(per_token)
     return _finish(aggregate(per_token), inputs, cfg, normaliser, aggregate, metrics)
+
+
+@register_policy_loss("sft")
+def sft_loss(inputs: PolicyLossInputs, cfg=None) -> LossOutput:
+    """Mean negative log-likelihood of the response tokens over the whole mini-batch.
+
+    Dividing by ``global_num_tokens`` (all micro-batches and data-parallel ranks) makes the summed
+    micro-batch gradients the gradient of the mini-batch token mean, as for the policy losses.
+    """
+    if inputs.global_num_tokens <= 0:
+        raise ValueError("sft_loss: global_num_tokens must be > 0 (a mini-batch without "
+                         "response tokens has nothing to fit)")
+    nll = -inputs.logprobs
+    metrics = {"sft_nll": metric_mean(nll)}
+    if inputs.entropy is not None:
+        metrics["entropy"] = metric_mean(inputs.entropy)
+    return LossOutput(loss=nll.sum() / inputs.global_num_tokens, metrics=metrics)

@@ -28,6 +28,8 @@ from gspo_megatron.checkpoint import mapping
 from gspo_megatron.checkpoint.hf_io import HFCheckpointReader
 from gspo_megatron.checkpoint.local_params import iter_local_units
 from gspo_megatron.checkpoint.meta import check_target
+from gspo_megatron.config.pipeline_split import (PipelineSplitError, stage_layer_counts,
+                                                 suggest_uneven_split)
 from gspo_megatron.config.schema import ModelConfig, ParallelConfig
 from gspo_megatron.model.hf_config import model_config_from_hf, read_hf_config
 
@@ -46,16 +48,45 @@ def model_config_for_hf_dir(hf_dir: str | Path, base: Optional[ModelConfig] = No
     return replace(cfg, hf_path=str(Path(hf_dir).resolve()))
 
 
+def resolve_pipeline_split(cfg: ModelConfig, parallel: ParallelConfig) -> ParallelConfig:
+    """``parallel`` with a valid layers-per-stage split for this model.
+
+    The tools' layout only splits work and memory (checkpoints store global layer indices), so
+    when ``--pp`` does not divide the layer count and no split was given, a balanced uneven one
+    is chosen instead of failing. An explicit split that Megatron cannot build is refused
+    (:class:`PipelineSplitError`, naming the flag).
+    """
+    first = parallel.num_layers_in_first_pipeline_stage
+    last = parallel.num_layers_in_last_pipeline_stage
+    if first is None and last is None:
+        split = suggest_uneven_split(cfg.num_layers, parallel.pp)
+        if split is None:
+            return parallel
+        if _is_main():
+            log.info("pp=%d does not divide %d layers: first stage %d, last stage %d layers",
+                     parallel.pp, cfg.num_layers, *split)
+        first, last = split
+        parallel = replace(parallel, num_layers_in_first_pipeline_stage=first,
+                           num_layers_in_last_pipeline_stage=last)
+    try:
+        stage_layer_counts(cfg.num_layers, parallel.pp, first, last, parallel.vpp)
+    except PipelineSplitError as exc:
+        raise PipelineSplitError(f"--first-stage-layers/--last-stage-layers: {exc}") from None
+    return parallel
+
+
 def build_model_chunks(cfg: ModelConfig, parallel: ParallelConfig,
                        initialize: bool = False) -> List[torch.nn.Module]:
     """This rank's model chunks (one per virtual pipeline stage). Needs Megatron parallel state.
 
     Without ``initialize`` the parameters are left uninitialised (``torch.empty``): every caller
     here overwrites all of them (from HF tensors or a checkpoint), and random initialisation of a
-    large model on CPU costs more than the conversion itself.
+    large model on CPU costs more than the conversion itself. Uneven pipeline stages are chosen
+    here when needed (:func:`resolve_pipeline_split`).
     """
     from gspo_megatron.model.provider import build_gpt_model, build_transformer_config
 
+    parallel = resolve_pipeline_split(cfg, parallel)
     config = build_transformer_config(cfg, parallel)
     config.perform_initialization = initialize
     if parallel.vpp:
@@ -108,6 +139,7 @@ def convert_hf_to_megatron(hf_dir: str | Path, out_dir: str | Path, parallel: Pa
         log.warning("%s: %d tensors not used by the Qwen3 mapping, e.g. %s", hf_dir, len(unused),
                     unused[:5])
     start = time.monotonic()
+    parallel = resolve_pipeline_split(cfg, parallel)
     chunks = build_model_chunks(cfg, parallel)
     built = time.monotonic()
     padded = padded_vocab_size(cfg.vocab_size, cfg.make_vocab_size_divisible_by, parallel.tp)

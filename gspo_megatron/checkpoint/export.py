@@ -5,7 +5,10 @@ reshards), streams full tensors to rank 0 with :func:`gather.iter_hf_tensors`, a
 safetensors (``max_shard_bytes`` each) with ``model.safetensors.index.json``, ``config.json``,
 ``generation_config.json`` and the tokenizer files (from ``tokenizer_dir``, else the HF directory
 the checkpoint was converted from). Vocabulary padding is removed. Rank 0 writes into
-``<out>.partial`` and renames it into place at the end.
+``<out>.partial`` and renames it into place at the end (:func:`write_hf_directory`, also used
+for the trainer's final export): the expected size is checked against the free space first, and
+a failed write removes the partial directory and raises one :class:`OutputWriteError` naming the
+path and the cause on every rank, after the tensor stream (a collective) has been drained.
 
     torchrun --nproc_per_node=8 tools/export_megatron_to_hf.py --ckpt ckpt/step_100 \
         --out hf_out --ep 8 --max-shard-size 5GB
@@ -15,9 +18,10 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 import torch
 
@@ -25,9 +29,12 @@ from gspo_megatron.checkpoint.convert import build_model_chunks
 from gspo_megatron.checkpoint.gather import iter_hf_tensors
 from gspo_megatron.checkpoint.hf_io import (GENERATION_CONFIG, SafetensorsShardWriter,
                                             copy_hf_assets)
+from gspo_megatron.checkpoint.mapping import expected_hf_shapes
 from gspo_megatron.checkpoint.meta import (check_target, model_config_from_meta, partial_dir,
                                            publish, resolve_checkpoint)
 from gspo_megatron.config.schema import ModelConfig, ParallelConfig
+from gspo_megatron.learner.disk_space import (OutputWriteError, check_free_space,
+                                              describe_write_failure)
 from gspo_megatron.model.hf_config import hf_config_from_model_config
 
 log = logging.getLogger(__name__)
@@ -37,26 +44,51 @@ _HF_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.f
 
 
 def parse_size(text: str) -> int:
-    """``"5GB"``, ``"500MB"``, ``"2GiB"`` or a plain byte count -> bytes."""
+    """``"5GB"``, ``"500MB"``, ``"2GiB"`` or a plain byte count -> bytes (> 0).
+
+    Raises ``ValueError`` naming the text; argparse uses this as the option's ``type``.
+    """
     units = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9,
              "B": 1}
     s = str(text).strip().upper()
-    for suffix, factor in units.items():
-        if s.endswith(suffix):
-            return int(float(s[: -len(suffix)]) * factor)
-    return int(s)
+    factor = next((f for suffix, f in units.items() if s.endswith(suffix)), 1)
+    number = next((s[: -len(suffix)] for suffix in units if s.endswith(suffix)), s)
+    try:
+        size = int(float(number) * factor)
+    except ValueError:
+        raise ValueError(f"'{text}' is not a size (examples: 5GB, 500MB, 2GiB, 1000000)") from None
+    if size <= 0:
+        raise ValueError(f"'{text}' must be a positive size")
+    return size
 
 
 def _rank() -> int:
     return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
 
 
+# config.json fields that are training recipe, not architecture: the run's own values (an RL run
+# trains with router_aux_loss_coef 0, slime's choice) must not replace the source model's, or a
+# user who fine-tunes the export silently gets another recipe.
+RECIPE_FIELDS = ("router_aux_loss_coef",)
+
+
 def _hf_config(cfg: ModelConfig, source_dir: Optional[Path], dtype: torch.dtype) -> Dict[str, Any]:
-    """The source's config.json (keeps token ids etc.) updated with the exported architecture."""
+    """The source's config.json with every field kept (token ids, recipe fields such as
+    ``router_aux_loss_coef``) except architecture fields the trained model differs in;
+    ``torch_dtype`` is the exported weights' dtype. Without a source: the model's own fields."""
+    ours = hf_config_from_model_config(cfg)
     base: Dict[str, Any] = {}
     if source_dir is not None and (source_dir / "config.json").is_file():
         base = json.loads((source_dir / "config.json").read_text())
-    base.update(hf_config_from_model_config(cfg))
+        for key in RECIPE_FIELDS:
+            if key in base:
+                ours.pop(key, None)
+        changed = sorted(k for k, v in ours.items()
+                         if k in base and k != "torch_dtype" and base[k] != v)
+        if changed:
+            log.warning("exported architecture differs from %s in %s", source_dir / "config.json",
+                        ", ".join(f"{k}: {base[k]!r} -> {ours[k]!r}" for k in changed))
+    base.update(ours)
     base["torch_dtype"] = _HF_DTYPE_NAMES[dtype]
     return base
 
@@ -82,6 +114,68 @@ def write_hf_metadata(out: Path, cfg: ModelConfig, source_dir: Optional[Path],
                     out, source_dir)
 
 
+def _agree(error: Optional[BaseException], out: Path, what: str) -> None:
+    """Rank 0's write failure, as one OutputWriteError on every rank (collective)."""
+    message = None
+    if error is not None:
+        shutil.rmtree(out.with_name(out.name + ".partial"), ignore_errors=True)
+        message = (str(error) if isinstance(error, OutputWriteError)
+                   else describe_write_failure(error, out, what))
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        box = [message]
+        torch.distributed.broadcast_object_list(box, src=0)
+        message = box[0]
+    if message:
+        raise OutputWriteError(message)
+
+
+def hf_export_nbytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes of the safetensors an export of ``cfg`` in ``dtype`` writes (tensor data only)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return sum(int(torch.Size(shape).numel()) * size for shape in expected_hf_shapes(cfg).values())
+
+
+def write_hf_directory(named_tensors: Iterable[Tuple[str, torch.Tensor]], out: Path,
+                       cfg: ModelConfig, source_dir: Optional[Path], dtype: torch.dtype,
+                       max_shard_bytes: int, log_every: int = 0) -> Tuple[int, int]:
+    """Collective: rank 0 writes the stream (every rank drains it) as an HF directory at ``out``.
+
+    Returns ``(num_tensors, num_shards)`` on rank 0 (``(0, 0)`` elsewhere).
+    """
+    what = f"Hugging Face export {out.name}"
+    error: Optional[BaseException] = None
+    writer = None
+    if _rank() == 0:
+        try:
+            check_free_space(out.parent, hf_export_nbytes(cfg, dtype), what)
+            writer = SafetensorsShardWriter(partial_dir(out), max_shard_bytes)
+        except (OSError, OutputWriteError) as exc:
+            error = exc
+    _agree(error, out, what)
+    start, count = time.monotonic(), 0
+    for name, tensor in named_tensors:  # drain on every rank: the gathers are collective
+        if writer is None or error is not None:
+            continue
+        try:
+            writer.add(name, tensor.to(dtype))
+        except Exception as exc:  # noqa: BLE001 - safetensors' Rust errors are plain Exceptions
+            error = exc
+        count += 1
+        if log_every and count % log_every == 0:
+            log.info("exported %d tensors, %.2f GB, %.1f s", count, writer.total_bytes / 1e9,
+                     time.monotonic() - start)
+    files = []
+    if writer is not None and error is None:
+        try:
+            files = writer.finish()
+            write_hf_metadata(writer.dir, cfg, source_dir, dtype)
+            publish(writer.dir, out)
+        except Exception as exc:  # noqa: BLE001 - as above
+            error = exc
+    _agree(error, out, what)
+    return count, len(files)
+
+
 def export_megatron_to_hf(ckpt_dir: str | Path, out_dir: str | Path, parallel: ParallelConfig,
                           max_shard_bytes: int = 5 * 10**9, tokenizer_dir: Optional[str] = None,
                           dtype: Optional[str] = None, overwrite: bool = False,
@@ -97,20 +191,13 @@ def export_megatron_to_hf(ckpt_dir: str | Path, out_dir: str | Path, parallel: P
     load_model_weights(chunks, ckpt_dir)
     out_dtype = _TORCH_DTYPES[dtype] if dtype else next(chunks[0].parameters()).dtype
     source = tokenizer_dir or meta.get("hf_source") or cfg.hf_path
-    writer = SafetensorsShardWriter(partial_dir(out), max_shard_bytes) if _rank() == 0 else None
-    start, count = time.monotonic(), 0
-    for name, tensor in iter_hf_tensors(chunks, cfg, dst="rank0"):
-        writer.add(name, tensor.to(out_dtype))
-        count += 1
-        if log_every and count % log_every == 0:
-            log.info("exported %d tensors, %.2f GB, %.1f s", count, writer.total_bytes / 1e9,
-                     time.monotonic() - start)
-    if writer is not None:
-        files = writer.finish()
-        write_hf_metadata(writer.dir, cfg, Path(source) if source else None, out_dtype)
-        publish(writer.dir, out)
-        log.info("exported %s -> %s: %d tensors in %d shards, %.2f GB, %.1f s", ckpt_dir, out,
-                 count, len(files), writer.total_bytes / 1e9, time.monotonic() - start)
+    start = time.monotonic()
+    count, num_shards = write_hf_directory(iter_hf_tensors(chunks, cfg, dst="rank0"), out, cfg,
+                                           Path(source) if source else None, out_dtype,
+                                           max_shard_bytes, log_every)
+    if _rank() == 0:
+        log.info("exported %s -> %s: %d tensors in %d shards, %.1f s", ckpt_dir, out, count,
+                 num_shards, time.monotonic() - start)
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
     return out

@@ -1,19 +1,33 @@
-"""Gather a distributed Megatron model into full Hugging Face tensors, one tensor at a time.
+"""Gather a distributed Megatron model into full Hugging Face tensors, bucket by bucket, per stage.
 
-``iter_hf_tensors(model_chunks, model_cfg, dst="rank0" | "all")`` is a generator that every rank
-must run to the end (it issues collectives). For each canonical parameter, in HF checkpoint order:
-the ranks holding it all-gather its TP (or expert-TP) slices, the lowest holding rank then sends
-the full tensor to rank 0 (``dst="rank0"``) or broadcasts it to every rank (``dst="all"``), and
-the receiving ranks yield the HF ``(name, tensor)`` pairs (QKV and gate/up un-fused, vocabulary
-padding cut). Only one full tensor is alive at a time, so memory stays bounded; export writes the
-pairs to safetensors shards and the learner -> rollout weight sync streams the same pairs.
+``iter_hf_buckets(model_chunks, model_cfg, bucket_bytes, dst)`` is a generator every rank must
+run to the end (it issues collectives). Each pipeline stage is gathered by its own ranks, in
+size-bounded buckets (one collective per bucket, not per tensor):
 
-Yielded tensors may be views of live parameters (no copy when nothing had to be gathered):
-consume or copy them before the model changes.
+- dense parameters (attention, norms, router, embeddings, output layer): the stage's first
+  data-parallel replica all-gathers each bucket's TP slices (one flat tensor per rank) and its
+  first rank (TP rank 0) unshards them;
+- expert parameters: the first expert-data-parallel replica all-gathers each bucket over the
+  expert-TP group, then the expert-TP rank 0 of every EP rank all-gathers the full local experts
+  over the EP group, so the stage's first rank holds every expert of the bucket.
+
+The stage's first rank (TP = DP = EP = ETP rank 0; its *leader*) converts the bucket to HF
+``(name, tensor)`` pairs (QKV and gate/up un-fused, vocabulary padding cut). With
+``dst="stage"`` every stage leader yields its own stage's buckets, stage after stage (a world
+barrier between stages: servers receive from one stage at a time, which keeps two stages'
+broadcast groups from waiting on each other); each leader sends them to the rollout servers
+itself (weight_sync/distributed_broadcast.py). With ``dst="rank0"`` the leaders of later stages
+send their buckets to global rank 0 (flat bytes plus a small header), which yields everything
+(export, and transports that live in rank 0's process).
+
+Memory: a leader holds one gathered bucket (plus its HF views) at a time. Yielded tensors are
+views into that bucket: consume or copy them before asking for the next one.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -23,81 +37,242 @@ from gspo_megatron.checkpoint import mapping
 from gspo_megatron.checkpoint.local_params import LocalUnit, iter_local_units
 from gspo_megatron.config.schema import ModelConfig
 
-_Info = Tuple[Tuple[int, ...], str]
+HFBucket = List[Tuple[str, torch.Tensor]]
+_EXPERT = re.compile(r"decoder\.layers\.(\d+)\.mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12])\.weight$")
 
 
-def _full_shape(unit: LocalUnit) -> Tuple[int, ...]:
-    shape = list(unit.tensor.shape)
-    if unit.spec.dim is not None:
-        shape[unit.spec.dim] *= unit.tp_size
-    return tuple(shape)
+@dataclass(frozen=True)
+class Layout:
+    """This rank's place in the model-parallel layout (from Megatron's parallel state)."""
+
+    stage: int
+    num_stages: int
+    tp_rank: int
+    dp_rank: int
+    """Data-parallel rank, context parallelism included (CP ranks hold the same weights)."""
+    ep_rank: int
+    ep_size: int
+    etp_rank: int
+    edp_rank: int
+
+    @property
+    def is_leader(self) -> bool:
+        return self.tp_rank == 0 and self.dp_rank == 0
+
+    @staticmethod
+    def current(cfg: ModelConfig) -> "Layout":
+        from megatron.core import parallel_state as ps
+
+        moe = bool(cfg.num_experts)
+        layout = Layout(
+            stage=ps.get_pipeline_model_parallel_rank(),
+            num_stages=ps.get_pipeline_model_parallel_world_size(),
+            tp_rank=ps.get_tensor_model_parallel_rank(),
+            dp_rank=ps.get_data_parallel_rank(with_context_parallel=True),
+            ep_rank=ps.get_expert_model_parallel_rank() if moe else 0,
+            ep_size=ps.get_expert_model_parallel_world_size() if moe else 1,
+            etp_rank=ps.get_expert_tensor_parallel_rank() if moe else 0,
+            edp_rank=ps.get_expert_data_parallel_rank() if moe else 0)
+        if layout.is_leader and (layout.ep_rank, layout.etp_rank, layout.edp_rank) != (0, 0, 0):
+            raise RuntimeError(f"the first rank of pipeline stage {layout.stage} is not expert rank "
+                               f"0 ({layout}); the gather needs Megatron's default rank order "
+                               "(tp-cp-ep-dp-pp)")
+        return layout
 
 
-def _dtype(name: str) -> torch.dtype:
-    return getattr(torch, name.replace("torch.", ""))
-
-
-def _tp_group(unit: LocalUnit):
+def _groups(expert: bool):
     from megatron.core import parallel_state as ps
 
-    return (ps.get_expert_tensor_parallel_group() if unit.spec.expert
+    return (ps.get_expert_tensor_parallel_group() if expert
             else ps.get_tensor_model_parallel_group())
 
 
-def gather_tp(unit: LocalUnit) -> torch.Tensor:
-    """Full canonical tensor from this rank's slice and its TP (or expert-TP) peers."""
-    if unit.tp_size == 1:
-        return unit.tensor
-    local = unit.tensor.contiguous()
-    parts = [torch.empty_like(local) for _ in range(unit.tp_size)]
-    dist.all_gather(parts, local, group=_tp_group(unit))
-    return mapping.unshard(parts, unit.spec)
+def _multi() -> bool:
+    return dist.is_initialized() and dist.get_world_size() > 1
 
 
-def _plan(units: Dict[str, LocalUnit], cfg: ModelConfig) -> List[Tuple[str, int, _Info]]:
-    """(name, source rank, (full shape, dtype)) for every exported parameter, same on all ranks."""
-    local: Dict[str, _Info] = {n: (_full_shape(u), str(u.tensor.dtype)) for n, u in units.items()}
-    everyone: List[Dict[str, _Info]] = [local]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        everyone = [None] * dist.get_world_size()  # type: ignore[list-item]
-        dist.all_gather_object(everyone, local)
-    plan = []
-    for name in mapping.canonical_names(cfg):
-        holders = [r for r, info in enumerate(everyone) if name in info]
-        if not holders:
-            raise mapping.MappingError(f"no rank holds '{name}': the model does not match the "
-                                       "config it was exported with")
-        plan.append((name, holders[0], everyone[holders[0]][name]))
-    return plan
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+
+
+def _split(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    out, offset = [], 0
+    for t in like:
+        n = _nbytes(t)
+        out.append(flat[offset:offset + n].view(t.dtype).view(t.shape))
+        offset += n
+    return out
+
+
+def _all_gather_flat(local: Sequence[torch.Tensor], group, size: int) -> List[List[torch.Tensor]]:
+    """Every rank's version of ``local`` (same shapes on every rank), by group rank."""
+    if size == 1:
+        return [list(local)]
+    flat = _flat(local)
+    parts = [torch.empty_like(flat) for _ in range(size)]
+    dist.all_gather(parts, flat, group=group)
+    return [_split(p, local) for p in parts]
+
+
+def _buckets(units: List[LocalUnit], bucket_bytes: int, factor) -> List[List[LocalUnit]]:
+    """Consecutive units, one dtype, at most ``bucket_bytes`` of gathered (full) bytes."""
+    out: List[List[LocalUnit]] = []
+    size = 0
+    for u in units:
+        n = _nbytes(u.tensor) * factor(u)
+        if out and out[-1] and (size + n > bucket_bytes or out[-1][0].tensor.dtype != u.tensor.dtype):
+            out.append([])
+            size = 0
+        if not out:
+            out.append([])
+        out[-1].append(u)
+        size += n
+    return [b for b in out if b]
+
+
+def _to_hf(full: Dict[str, torch.Tensor], cfg: ModelConfig) -> HFBucket:
+    return [pair for name, t in full.items() for pair in mapping.megatron_to_hf(name, t, cfg)]
+
+
+def _dense_buckets(units: List[LocalUnit], cfg: ModelConfig, layout: Layout,
+                   bucket_bytes: int) -> Iterator[HFBucket]:
+    if layout.dp_rank != 0:
+        return  # data-parallel replicas hold the same dense weights
+    tp_size = max(u.tp_size for u in units) if units else 1
+    for bucket in _buckets(units, bucket_bytes, lambda u: u.tp_size):
+        sharded = [u for u in bucket if u.tp_size > 1]
+        parts = _all_gather_flat([u.tensor for u in sharded], _groups(False), tp_size) if sharded else []
+        if not layout.is_leader:
+            continue
+        position = {id(u): i for i, u in enumerate(sharded)}
+        full = {u.name: (mapping.unshard([p[position[id(u)]] for p in parts], u.spec)
+                         if id(u) in position else u.tensor) for u in bucket}
+        yield _to_hf(full, cfg)
+
+
+def _expert_key(u: LocalUnit, experts_per_rank: int) -> Tuple[int, int, str]:
+    m = _EXPERT.match(u.name)
+    layer, expert, fc = int(m.group(1)), int(m.group(2)), m.group(3)
+    return layer, expert % experts_per_rank, fc
+
+
+def _expert_buckets(units: List[LocalUnit], cfg: ModelConfig, layout: Layout,
+                    bucket_bytes: int) -> Iterator[HFBucket]:
+    if layout.edp_rank != 0 or not units:
+        return  # expert-data-parallel replicas hold the same experts
+    from megatron.core import parallel_state as ps
+
+    per_rank = cfg.num_experts // layout.ep_size
+    units = sorted(units, key=lambda u: _expert_key(u, per_rank))
+    etp_size = units[0].tp_size
+    for bucket in _buckets(units, bucket_bytes, lambda u: u.tp_size * layout.ep_size):
+        parts = _all_gather_flat([u.tensor for u in bucket], _groups(True), etp_size)
+        if layout.etp_rank != 0:
+            continue
+        local_full = [mapping.unshard([p[i] for p in parts], u.spec) for i, u in enumerate(bucket)]
+        by_ep = _all_gather_flat(local_full, ps.get_expert_model_parallel_group(), layout.ep_size)
+        if not layout.is_leader:
+            continue
+        full = {}
+        for ep_rank, tensors in enumerate(by_ep):
+            for u, t in zip(bucket, tensors):
+                layer, slot, fc = _expert_key(u, per_rank)
+                full[mapping.expert_name(layer, ep_rank * per_rank + slot, fc)] = t
+        yield _to_hf(full, cfg)
+
+
+def _stage_buckets(model_chunks: Sequence[torch.nn.Module], cfg: ModelConfig, layout: Layout,
+                   bucket_bytes: int) -> Iterator[HFBucket]:
+    """This stage's buckets, on its leader (other ranks of the stage take part and get none)."""
+    units = [u for chunk in model_chunks for u in iter_local_units(chunk, cfg)
+             if mapping.is_exported(u.name, cfg)]
+    order = {n: i for i, n in enumerate(mapping.canonical_names(cfg))}
+    units.sort(key=lambda u: order[u.name] if u.name in order else len(order))
+    yield from _dense_buckets([u for u in units if not u.spec.expert], cfg, layout, bucket_bytes)
+    yield from _expert_buckets([u for u in units if u.spec.expert], cfg, layout, bucket_bytes)
+
+
+def _send_to_rank0(bucket: Optional[HFBucket]) -> None:
+    header = None if bucket is None else [(n, list(t.shape), str(t.dtype)) for n, t in bucket]
+    dist.send_object_list([header], dst=0)
+    if bucket:
+        dist.send(_flat([t for _, t in bucket]), dst=0)
+
+
+def _recv_from(src: int, device: torch.device) -> Iterator[HFBucket]:
+    while True:
+        box: List = [None]
+        dist.recv_object_list(box, src=src)
+        header = box[0]
+        if header is None:
+            return
+        like = [torch.empty(shape, dtype=getattr(torch, dtype.replace("torch.", "")), device="meta")
+                for _, shape, dtype in header]
+        flat = torch.empty(sum(_nbytes(t) for t in like), dtype=torch.uint8, device=device)
+        dist.recv(flat, src=src)
+        yield list(zip([n for n, _, _ in header], _split(flat, like)))
+
+
+def _stage_leaders() -> List[int]:
+    """Global rank of each stage's leader: rank 0's pipeline group lists them in stage order."""
+    from megatron.core import parallel_state as ps
+
+    return dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())
+
+
+def iter_hf_buckets(model_chunks: Sequence[torch.nn.Module], model_cfg: ModelConfig,
+                    bucket_bytes: int = 512 * 1024 ** 2, dst: str = "rank0") -> Iterator[HFBucket]:
+    """Yield HF buckets on each stage leader (``dst="stage"``) or on rank 0 (``"rank0"``)."""
+    if dst not in ("rank0", "stage"):
+        raise ValueError(f"dst must be 'rank0' or 'stage', got {dst!r}")
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    layout = Layout.current(model_cfg)
+    multi = _multi()
+    rank = dist.get_rank() if multi else 0
+    device = next(iter(model_chunks[0].parameters())).device
+    leaders = _stage_leaders() if multi and dst == "rank0" and layout.num_stages > 1 else [0]
+    seen: List[str] = []
+    for stage in range(layout.num_stages):
+        if stage == layout.stage:
+            for bucket in _stage_buckets(model_chunks, model_cfg, layout, bucket_bytes):
+                if dst == "stage" or rank == 0:
+                    seen += [n for n, _ in bucket]
+                    yield bucket
+                else:
+                    _send_to_rank0(bucket)
+            if dst == "rank0" and layout.is_leader and rank != 0:
+                _send_to_rank0(None)
+        elif dst == "rank0" and rank == 0:
+            for bucket in _recv_from(leaders[stage], device):
+                seen += [n for n, _ in bucket]
+                yield bucket
+        if multi and dst == "stage" and layout.num_stages > 1:
+            dist.barrier()  # stages send one after the other
+    if rank == 0 and dst == "rank0":
+        _check_complete(seen, model_cfg)
+
+
+def _check_complete(names: List[str], cfg: ModelConfig) -> None:
+    expected = {n for c in mapping.canonical_names(cfg) if mapping.is_exported(c, cfg)
+                for n in mapping.hf_names(c, cfg)}
+    missing = sorted(expected - set(names))
+    if missing or len(names) != len(set(names)):
+        raise mapping.MappingError(f"gathered weights do not match the model config: missing "
+                                   f"{missing[:5]}, {len(names) - len(set(names))} duplicates")
 
 
 def iter_hf_tensors(model_chunks: Sequence[torch.nn.Module], model_cfg: ModelConfig,
-                    parallel_cfg: Optional[object] = None,
-                    dst: str = "rank0") -> Iterator[Tuple[str, torch.Tensor]]:
-    """Yield ``(hf_name, full_tensor)`` on rank 0 (``dst="rank0"``) or on every rank (``"all"``).
+                    parallel_cfg: Optional[object] = None, dst: str = "rank0",
+                    bucket_bytes: int = 512 * 1024 ** 2) -> Iterator[Tuple[str, torch.Tensor]]:
+    """``(hf_name, tensor)`` pairs of :func:`iter_hf_buckets` (export writes them one by one).
 
-    ``parallel_cfg`` is accepted for symmetry with conversion; the layout is read from Megatron's
-    parallel state. Every rank must exhaust the generator.
+    ``parallel_cfg`` is accepted for symmetry with conversion; the layout is read from
+    Megatron's parallel state. Every rank must exhaust the generator.
     """
-    if dst not in ("rank0", "all"):
-        raise ValueError(f"dst must be 'rank0' or 'all', got {dst!r}")
-    units = {u.name: u for chunk in model_chunks for u in iter_local_units(chunk, model_cfg)
-             if mapping.is_exported(u.name, model_cfg)}
-    multi = dist.is_initialized() and dist.get_world_size() > 1
-    rank = dist.get_rank() if multi else 0
-    device = next(iter(model_chunks[0].parameters())).device
-    for name, src, (shape, dtype) in _plan(units, model_cfg):
-        full = gather_tp(units[name]) if name in units else None
-        if multi and dst == "all":
-            if rank != src:
-                full = torch.empty(shape, dtype=_dtype(dtype), device=device)
-            full = full.contiguous()
-            dist.broadcast(full, src)
-        elif multi and src != 0:
-            if rank == src:
-                dist.send(full.contiguous(), 0)
-            elif rank == 0:
-                full = torch.empty(shape, dtype=_dtype(dtype), device=device)
-                dist.recv(full, src)
-        if dst == "all" or rank == 0:
-            yield from mapping.megatron_to_hf(name, full, model_cfg)
+    for bucket in iter_hf_buckets(model_chunks, model_cfg, bucket_bytes, dst):
+        yield from bucket

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict
 
-from gspo_megatron.config.schema import FP8Config, ModelConfig, ParallelConfig
+from gspo_megatron.config.schema import FP8Config, ModelConfig
 
 
 class TargetExistsError(FileExistsError):
@@ -21,13 +21,10 @@ class TargetExistsError(FileExistsError):
 
 
 def model_config_from_meta(meta: Dict[str, Any]) -> ModelConfig:
+    """The typed model config a checkpoint was written with (``gspo_meta.json``'s ``model``)."""
     values = dict(meta["model"])
     values["fp8"] = FP8Config(**(values.get("fp8") or {}))
     return ModelConfig(**values)
-
-
-def parallel_config_from_meta(meta: Dict[str, Any]) -> ParallelConfig:
-    return ParallelConfig(**meta["parallel"])
 
 
 def check_target(out_dir: str | Path, overwrite: bool) -> Path:
@@ -60,12 +57,8 @@ def publish(tmp: Path, out_dir: str | Path) -> None:
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint directory, or a run's checkpoint root (its newest complete ``step_*``)."""
-    path = Path(path)
-    if (path / "gspo_meta.json").is_file():
-        return path
-    steps = sorted(d for d in path.glob("step_*") if (d / "gspo_meta.json").is_file())
-    if not steps:
-        raise FileNotFoundError(f"{path}: neither a gspo-megatron checkpoint (no gspo_meta.json) "
-                                "nor a directory of step_* checkpoints")
-    return steps[-1]
+    """A complete checkpoint directory, or a run's checkpoint root (its newest complete ``step_*``,
+    skipping damaged ones with a warning); :class:`CheckpointError` otherwise."""
+    from gspo_megatron.learner.checkpoint_files import newest_complete
+
+    return newest_complete(path)

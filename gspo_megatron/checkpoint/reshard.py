@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from gspo_megatron.checkpoint.convert import build_model_chunks
+from gspo_megatron.checkpoint.convert import build_model_chunks, resolve_pipeline_split
 from gspo_megatron.checkpoint.meta import check_target, model_config_from_meta
 from gspo_megatron.config.schema import ParallelConfig
 
@@ -31,6 +31,7 @@ def reshard_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, parallel: Para
     check_target(out_dir, overwrite)
     meta = read_meta(ckpt_dir)
     cfg = model_config_from_meta(meta)
+    parallel = resolve_pipeline_split(cfg, parallel)
     chunks = build_model_chunks(cfg, parallel)
     load_model_weights(chunks, ckpt_dir)
     new_meta = {k: v for k, v in meta.items() if k not in ("format", "has_optimizer")}

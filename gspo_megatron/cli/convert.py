@@ -3,7 +3,8 @@
 Run one process per rank of the chosen layout (``torchrun --nproc_per_node=N`` or ``srun``); a
 plain call is one process. More processes means less host memory per process. Exit codes: 0 done,
 2 bad input (missing shard, truncated file, config that does not match the weights, unsupported
-architecture, existing output), 1 other failures.
+architecture, existing output), 4 the output could not be written (disk full: checked against
+the checkpoint's size first; the partial output is removed), 1 other failures.
 """
 
 from __future__ import annotations

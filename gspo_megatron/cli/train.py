@@ -1,22 +1,35 @@
 """``gspo-train CONFIG [key=value ...] [--resume]``: run GSPO (or GRPO) training.
 
 Launch one process per learner rank (``torchrun`` or Slurm ``srun``; a plain call is one rank).
-Exit codes: 0 done; 2 bad configuration or input (message names the file / key); 3 training
-stopped on repeated non-finite losses (last good state saved); 124 checkpointed after a
-preemption signal, requeue to resume.
+Exit codes: 0 done; 2 bad configuration or input (message names the file / key; nothing is
+written); 3 training stopped on repeated non-finite losses (last good state saved); 4 an output
+could not be written (disk full or I/O error: the message names the path, the partial output is
+removed, and a rerun resumes from the last complete checkpoint); 124 preempted (checkpointed
+after the current step, or signalled during start-up): requeue to resume.
+
+Start-up order, each step before anything slower: preemption handlers (SIGUSR1 would otherwise
+end the job with no requeue); config; the run directory's lock (one job per run directory);
+leftovers of interrupted writes cleaned; inputs checked and parts built; only then is
+``config.yaml`` written and training started.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
 import warnings
-from typing import List, Optional
+from pathlib import Path
+from typing import Callable, List, Optional
 
 EXIT_CONFIG = 2
 EXIT_NONFINITE = 3
+EXIT_WRITE_FAILED = 4
+# Write failures that end a run with EXIT_WRITE_FAILED wherever they happen (a metrics line,
+# the lock file): full disk, quota, read-only file system.
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 def _setup_logging(rank: int) -> None:
@@ -37,41 +50,151 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _main_rank_first(runtime, fn: Callable[[], None]) -> None:
+    """Run ``fn`` on the main rank; re-raise its exception on every rank (collective)."""
+    error = None
+    if runtime.is_main:
+        try:
+            fn()
+        except Exception as exc:  # handed to every rank, then classified by the caller
+            error = exc
+    if runtime.world_size > 1:
+        import torch.distributed as dist
+
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error is not None:
+        raise error
+
+
+def _any_rank(runtime, flag: bool) -> bool:
+    """True on every rank when ``flag`` is true on any (collective)."""
+    if runtime.world_size == 1:
+        return flag
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([int(flag)], device=runtime.device)  # NCCL reduces device tensors only
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    from gspo_megatron.trainer.preemption import PreemptionFlag
+
+    preemption = PreemptionFlag()  # first of all: SIGUSR1's default action ends the job (138)
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
     _setup_logging(rank)
     log = logging.getLogger("gspo-train")
 
-    from gspo_megatron.config import ConfigError, load_config, save_config
-    from gspo_megatron.data.records import DataLoadError
-    from gspo_megatron.rewards.registry import RewardLookupError
-    from gspo_megatron.distributed.runtime import detect_launch_env, init_distributed, shutdown_distributed
+    from gspo_megatron.config import ConfigError
+    from gspo_megatron.planner.fit_check import load_fitting_config
 
     overrides = list(args.overrides) + (["checkpoint.resume=always"] if args.resume else [])
     try:
-        cfg = load_config(args.config, overrides, world_size=detect_launch_env().world_size)
+        from gspo_megatron.distributed.runtime import detect_launch_env
+
+        cfg = load_fitting_config(args.config, overrides, world_size=detect_launch_env().world_size)
     except ConfigError as exc:
         log.error("%s", exc)
         return EXIT_CONFIG
+    code = preemption.exit_code_if_requested("loading the config")
+    if code is not None:
+        return code
+    return _run(cfg, preemption, log)
+
+
+def _prepare_run_dir(cfg, runtime, lock) -> None:
+    """Take the run directory (main rank), then tidy interrupted writes before anything else
+    is written: a leftover ``.partial`` may be what fills the disk."""
+    from gspo_megatron.learner.checkpoint_files import checkpoint_root, clean_leftovers
+
+    run_dir = Path(cfg.logging.run_dir)
+    _main_rank_first(runtime, lock.acquire)
+
+    def tidy() -> None:
+        clean_leftovers(checkpoint_root(cfg.checkpoint, run_dir))
+        clean_leftovers(run_dir)
+
+    _main_rank_first(runtime, tidy)
+
+
+def _write_config(cfg, runtime) -> None:
+    from gspo_megatron.config import save_config
+    from gspo_megatron.learner.disk_space import OutputWriteError, describe_write_failure
+
+    def write() -> None:
+        path = Path(cfg.logging.run_dir) / "config.yaml"
+        try:
+            save_config(cfg, path)
+        except OSError as exc:
+            raise OutputWriteError(describe_write_failure(exc, path, "config.yaml")) from None
+
+    _main_rank_first(runtime, write)
+
+
+def _exit_code(exc: BaseException, run_dir: Path, log: logging.Logger) -> Optional[int]:
+    """The exit code of an expected failure (logged as one line); None for anything else."""
+    from gspo_megatron.config import ConfigError
+    from gspo_megatron.data.records import DataLoadError
+    from gspo_megatron.learner.checkpoint_files import CheckpointError
+    from gspo_megatron.learner.disk_space import OutputWriteError, describe_write_failure
+    from gspo_megatron.learner.learner import NonFiniteTrainingError
+    from gspo_megatron.rewards.registry import RewardLookupError
+    from gspo_megatron.trainer.run_lock import RunDirLockedError
+
+    bad_input = (ConfigError, DataLoadError, RewardLookupError, RunDirLockedError, CheckpointError)
+    if isinstance(exc, bad_input):
+        code, message = EXIT_CONFIG, str(exc)
+    elif isinstance(exc, NonFiniteTrainingError):
+        code, message = EXIT_NONFINITE, str(exc)
+    elif isinstance(exc, OutputWriteError):
+        code, message = EXIT_WRITE_FAILED, str(exc)
+    elif isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
+        code = EXIT_WRITE_FAILED
+        message = describe_write_failure(exc, exc.filename or run_dir, "the run's outputs")
+    else:
+        return None
+    log.error("%s", message)
+    return code
+
+
+def _run(cfg, preemption, log: logging.Logger) -> int:
+    from gspo_megatron.distributed.child_processes import children_die_with_this_process
+    from gspo_megatron.distributed.runtime import init_distributed, shutdown_distributed
+    from gspo_megatron.trainer.preemption import REQUEUE_EXIT_CODE
+    from gspo_megatron.trainer.run_lock import RunDirLock
+
+    children_die_with_this_process()
+    run_dir = Path(cfg.logging.run_dir)
+    created_run_dir = not run_dir.exists()
+    lock = RunDirLock(run_dir)
     runtime = init_distributed(cfg.parallel, seed=cfg.trainer.seed)
+    finished = False
     try:
-        from gspo_megatron.learner.learner import NonFiniteTrainingError
         from gspo_megatron.trainer.build import build_parts
         from gspo_megatron.trainer.loop import run_training
 
-        if runtime.is_main:
-            save_config(cfg, os.path.join(cfg.logging.run_dir, "config.yaml"))
-        try:
-            parts = build_parts(cfg, runtime)
-            return run_training(parts)
-        except (ConfigError, DataLoadError, RewardLookupError) as exc:
-            log.error("%s", exc)
-            return EXIT_CONFIG
-        except NonFiniteTrainingError as exc:
-            log.error("%s", exc)
-            return EXIT_NONFINITE
+        _prepare_run_dir(cfg, runtime, lock)
+        parts = build_parts(cfg, runtime, preemption)
+        if _any_rank(runtime, preemption.requested):  # signalled while building: requeue
+            parts.close()
+            return preemption.exit_code_if_requested("building the run") or REQUEUE_EXIT_CODE
+        _write_config(cfg, runtime)
+        code = run_training(parts)
+        finished = True
+        return code
+    except Exception as exc:  # expected failures become one line and an exit code
+        code = _exit_code(exc, run_dir, log)
+        if code is None:
+            raise
+        return code
     finally:
+        lock.release()
+        if created_run_dir and not finished and run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()  # a start that failed leaves no trace
         shutdown_distributed()
 
 

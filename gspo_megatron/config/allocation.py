@@ -113,5 +113,6 @@ def fleet_problems(rollout) -> List[Tuple[str, str]]:
         # sglang/srt/model_executor/model_runner_components/weight_updater.py joins the update
         # group as rank_offset + tp_rank: dp replicas of one server would take the same ranks.
         problems.append(("rollout.sglang.dp", f"dp={s.dp}: the broadcast weight-update group has one "
-                         "rank per TP worker of a server; run dp=1 and more servers instead"))
+                         "rank per TP worker of a server (SGLang's update_weights_from_distributed "
+                         "asserts dp_size == 1); run dp=1 and more servers instead"))
     return problems

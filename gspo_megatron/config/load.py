@@ -85,7 +85,9 @@ def load_config(
     """Return the merged, validated config as a typed OmegaConf object.
 
     ``world_size``, when given, is the number of learner processes actually launched and is
-    checked against the layout (``parallel.world_size`` is used otherwise).
+    checked against the layout (``parallel.world_size`` is used otherwise). Whether the layout
+    fits the declared GPU memory is the planner's check, one floor up
+    (``planner.fit_check.load_fitting_config``, which entry points call instead of this).
     """
     cfg = OmegaConf.structured(GSPOConfig)
     OmegaConf.set_struct(cfg, True)

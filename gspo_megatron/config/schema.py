@@ -83,6 +83,13 @@ class ParallelConfig:
     """Pipeline-parallel size."""
     vpp: Optional[int] = None
     """Virtual pipeline stages per rank (interleaved schedule); None disables it."""
+    num_layers_in_first_pipeline_stage: Optional[int] = None
+    """Uneven pipeline: transformer layers on the first stage (Megatron-Core's option of the same
+    name); the other stages split the rest evenly. Needed when pp does not divide
+    model.num_layers (Qwen3-235B-A22B: 94 layers). None: even split."""
+    num_layers_in_last_pipeline_stage: Optional[int] = None
+    """Uneven pipeline: transformer layers on the last stage (it also holds the output layer and
+    the log-prob pass, so it usually gets fewer). None: even split."""
     ep: int = 1
     """Expert-parallel size."""
     etp: int = 1
@@ -114,6 +121,19 @@ class OptimizerConfig:
     lr_decay_style: str = "constant"
     """``constant``, ``linear`` or ``cosine``."""
     use_distributed_optimizer: bool = True
+    precision_aware: bool = False
+    """Megatron-Core's ``use_precision_aware_optimizer``: Adam state in lower precision
+    (``moments_dtype``) and the fp32 main weights kept as 16-bit remainders next to the bf16
+    weights. Transformer Engine's FusedAdam does it (GPU only); needs use_distributed_optimizer."""
+    moments_dtype: str = "fp32"
+    """dtype of Adam's exp_avg and exp_avg_sq: ``fp32`` or ``bf16`` (bf16 needs precision_aware
+    and halves the optimizer state; Megatron's ``exp_avg_dtype`` / ``exp_avg_sq_dtype``)."""
+    cpu_offload: bool = False
+    """Megatron-Core's ``optimizer_cpu_offload``: fp32 main weights and Adam state live in host
+    memory and the update runs there (``HybridDeviceOptimizer``, GPU runs only), with the
+    host<->device copies overlapped. Frees 12 bytes per parameter / DP of GPU memory."""
+    offload_fraction: float = 1.0
+    """Share of the optimizer state offloaded when ``cpu_offload`` (``optimizer_offload_fraction``)."""
     max_consecutive_nonfinite: int = 3
     """Updates skipped for a non-finite loss or grad norm in a row before the run stops."""
 
@@ -151,6 +171,25 @@ class TISConfig:
 
 
 @dataclass
+class DiagnosticsConfig:
+    """What the update does beyond the loss value (GSPO paper, section 5): per-length clipping
+    and sequence log-ratios (logged by every loss) and MoE expert volatility (the trainer)."""
+
+    length_bucket_edges: List[int] = field(default_factory=lambda: [256, 1024, 4096])
+    """Upper edges (response tokens, increasing) of the response-length buckets; responses
+    longer than the last edge form one more bucket. Metrics ``train/len_<bucket>/...``."""
+    log_ratio_bin_edges: List[float] = field(
+        default_factory=lambda: [-1e-2, -1e-3, -3e-4, 0.0, 4e-4, 1e-3, 1e-2])
+    """Edges (increasing) of the histogram of sequence log-ratios ``mean_t(log pi - log pi_old)``
+    per length bucket; ``len(edges) + 1`` bins, the outer two open-ended. The defaults straddle
+    GSPO's clip range (log(1 - 3e-4), log(1 + 4e-4))."""
+    expert_volatility_num_seqs: int = 32
+    """MoE only: sequences of each rollout batch (evenly spaced) whose top-k experts are
+    compared before and after the step's updates (two forward passes over them; metrics
+    ``routing/*``). 0 turns it off; more than the batch means the whole batch."""
+
+
+@dataclass
 class AlgorithmConfig:
     """Policy-gradient objective; ``loss`` picks a registered loss, nothing else branches on it."""
 
@@ -171,7 +210,15 @@ class AlgorithmConfig:
     old_logprob_source: str = "learner"
     """``learner`` (recompute) or ``rollout`` (the engine's log-probs, paper section 5.4)."""
     tis: TISConfig = field(default_factory=TISConfig)
+    """Truncated IS against the engine; needs ``old_logprob_source=learner`` (with the engine's
+    log-probs as pi_old every weight would be 1)."""
+    routing_replay: bool = False
+    """MoE: the paper's Routing Replay (section 5.3, what GRPO needs on MoE models): the
+    learner's old-log-prob pass records the experts of every token (per mini-batch) and each
+    training pass of the same rollout batch replays them (Megatron-Core's ``RouterReplay``).
+    Off for GSPO, which does not need it. Needs ``old_logprob_source=learner``."""
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
 
 
 @dataclass
@@ -300,8 +347,8 @@ class WandbConfig:
 class LoggingConfig:
     run_dir: str = "runs/default"
     """All outputs of a run: resolved config, metrics.jsonl, plots, checkpoints, logs."""
-    log_every_steps: int = 1
     plot: bool = True
+    """Write ``metrics.png`` (``trainer/plot.py``) at the end of the run."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
@@ -310,6 +357,7 @@ class TrainerConfig:
     """The RL loop."""
 
     num_steps: int = 10
+    """RL steps; 0 runs only the cold start and exports it (the paper reproduction's shared SFT)."""
     seed: int = 1234
     eval_every_steps: int = 0
     """0 evaluates only before and after training."""
@@ -319,6 +367,10 @@ class TrainerConfig:
     """Constant learning rate of the cold-start steps (RL uses ``optimizer.lr``)."""
     sft_batch_size: int = 64
     """Prompts (with their reference answers) per cold-start step."""
+    sft_stop_loss: Optional[float] = None
+    """End the cold start early once the SFT loss, averaged over the last 20 steps, is below
+    this (None: always ``num_sft_steps``). Where the loss drops suddenly at a seed- and
+    machine-dependent step, a loss target starts RL from comparable policies everywhere."""
     reset_optimizer_after_sft: bool = True
     """Start RL with fresh Adam moments: the SFT-era second moments otherwise damp RL updates
     for ~1/(1-beta2) steps."""
@@ -343,6 +395,24 @@ class LaunchConfig:
 
 
 @dataclass
+class PlanConfig:
+    """What the memory planner assumes about the GPUs (``gspo-plan``, and the fit check that
+    config loading runs; ``docs/planner.md``)."""
+
+    gpu_memory_gb: Optional[float] = None
+    """Memory of one GPU in GB (80 for an H100 80GB). Config loading refuses a learner or
+    rollout layout predicted not to fit it, naming the biggest terms and the planner's best
+    layout; None skips the check (CPU runs)."""
+    reserved_gb: float = 4.0
+    """Per GPU, memory held outside tensors: CUDA context, NCCL buffers, fragmentation."""
+    check_fit: bool = True
+    """false skips the fit check gspo-train and the launch plan run after loading the config
+    (the explicit override: plan.check_fit=false)."""
+    mfu: float = 0.3
+    """Model FLOP utilisation assumed for the learner's time estimate."""
+
+
+@dataclass
 class GSPOConfig:
     """Root of the configuration tree."""
 
@@ -358,3 +428,4 @@ class GSPOConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)

@@ -401,4 +401,5 @@ def apply_cpu_compat() -> None:
 
 
 def cpu_compat_applied() -> bool:
+    """Whether this process runs with the patches (the GPU kit checks that it does not)."""
     return _APPLIED

@@ -6,13 +6,19 @@ gloo on CPU (applying the Megatron-Core CPU compatibility layer only there), ini
 layout, and seeds every RNG reproducibly. Everything else asks :class:`RuntimeInfo`, never the
 environment.
 
-    with distributed_runtime(cfg.parallel, seed=cfg.trainer.seed) as rt:
-        ...  # rt.device, rt.rank, rt.dp_size
+    rt = init_distributed(cfg.parallel, seed=cfg.trainer.seed)   # rt.device, rt.rank, rt.is_main
+    try:
+        ...
+    finally:
+        shutdown_distributed()
+
+Parallel sizes are not copied here: Megatron's ``parallel_state`` is their one source at run time
+(the learner asks it), and ``config.validate.world_size_errors`` the one check of the layout
+against the launched processes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
@@ -20,14 +26,14 @@ import socket
 import subprocess
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterator, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from gspo_megatron.config.schema import ParallelConfig
-from gspo_megatron.config.validate import ConfigError
+from gspo_megatron.config.validate import ConfigError, world_size_errors
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +58,7 @@ class RuntimeInfo:
     launch: LaunchEnv
     device: torch.device
     backend: str
-    tp_size: int
-    pp_size: int
-    cp_size: int
-    ep_size: int
-    etp_size: int
-    dp_size: int
+    """``nccl`` on GPU, ``gloo`` on CPU."""
 
     @property
     def rank(self) -> int:
@@ -129,14 +130,10 @@ def init_distributed(parallel: ParallelConfig, seed: int = 1234,
                      timeout_minutes: int = 30, environ: Optional[dict] = None) -> RuntimeInfo:
     """Initialise torch.distributed + Megatron parallel state; idempotent per process."""
     launch = detect_launch_env(environ)
-    model_parallel = parallel.tp * parallel.pp * parallel.cp
-    if launch.world_size % model_parallel or launch.world_size % (parallel.ep * parallel.etp * parallel.pp):
-        raise ConfigError(
-            f"parallel: {launch.world_size} processes cannot hold tp={parallel.tp} pp={parallel.pp} "
-            f"cp={parallel.cp} ep={parallel.ep} etp={parallel.etp}")
-    if parallel.world_size is not None and parallel.world_size != launch.world_size:
-        raise ConfigError(f"parallel.world_size: config says {parallel.world_size} but "
-                          f"{launch.world_size} processes were launched ({launch.launcher})")
+    problems = world_size_errors(parallel, launch.world_size)
+    if problems:
+        raise ConfigError(f"{launch.world_size} processes launched ({launch.launcher}) cannot run "
+                          "this layout:\n  " + "\n  ".join(problems))
 
     device = pick_device(launch.local_rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -164,9 +161,7 @@ def init_distributed(parallel: ParallelConfig, seed: int = 1234,
         )
     seed_everything(seed)
     model_parallel_cuda_manual_seed(seed)
-    info = RuntimeInfo(launch=launch, device=device, backend=backend, tp_size=parallel.tp,
-                       pp_size=parallel.pp, cp_size=parallel.cp, ep_size=parallel.ep,
-                       etp_size=parallel.etp, dp_size=launch.world_size // model_parallel)
+    info = RuntimeInfo(launch=launch, device=device, backend=backend)
     if info.is_main:
         log.info("distributed runtime up: %s", info)
     return info
@@ -180,13 +175,3 @@ def shutdown_distributed() -> None:
         parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def distributed_runtime(parallel: ParallelConfig, seed: int = 1234,
-                        environ: Optional[dict] = None) -> Iterator[RuntimeInfo]:
-    info = init_distributed(parallel, seed=seed, environ=environ)
-    try:
-        yield info
-    finally:
-        shutdown_distributed()

@@ -34,7 +34,7 @@ LOGPROB_FLOOR = {"fp32": 1e-4, "bf16": 2e-3}
 def build_learner(cfg, runtime, hf_dir) -> Dict[str, object]:
     """The learner for ``cfg`` with the HF weights of ``hf_dir`` read through the converter."""
     from gspo_megatron.learner.learner import Learner
-    from gspo_megatron.trainer.hf_weights import load_hf_into_learner
+    from gspo_megatron.checkpoint.learner_hf import load_hf_into_learner
 
     t0 = time.perf_counter()
     learner = Learner(cfg, runtime, total_steps=100)
@@ -96,6 +96,15 @@ def check_learner_train(learner, runtime, sizes: KitSizes, peak_tflops: float) -
         "params_changed": f"{changed}/{len(before)}"}
     if device.type == "cuda":
         numbers["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / GIB
+    problems = _train_problems(runtime, device, steps, changed)
+    message = "; ".join(problems) or (f"{num_tokens / step_s:,.0f} train tokens/s, "
+                                      f"{train_tflops:.1f} model TFLOP/s = "
+                                      f"{100 * train_tflops / peak_tflops:.1f}% of the matmul peak")
+    return not problems, message, numbers
+
+
+def _train_problems(runtime, device, steps: List[dict], changed: int) -> List[str]:
+    """What is wrong with the train steps' outcome (empty: nothing)."""
     problems = []
     expected_backend = "nccl" if device.type == "cuda" else "gloo"
     if runtime.backend != expected_backend:
@@ -108,10 +117,7 @@ def check_learner_train(learner, runtime, sizes: KitSizes, peak_tflops: float) -
         problems.append("zero gradient on the first step, where every ratio is 1")
     if changed == 0:
         problems.append("no parameter changed after the optimizer steps")
-    message = "; ".join(problems) or (f"{num_tokens / step_s:,.0f} train tokens/s, "
-                                      f"{train_tflops:.1f} model TFLOP/s = "
-                                      f"{100 * train_tflops / peak_tflops:.1f}% of the matmul peak")
-    return not problems, message, numbers
+    return problems
 
 
 def _hf_logprobs(model, batch) -> torch.Tensor:

@@ -137,6 +137,20 @@ class _Setup:
         gc.collect()
 
 
+def _matmul_peak(report: Report, device: torch.device, sizes: KitSizes) -> float:
+    """The measured matmul peak (TFLOP/s) the MFU numbers divide by, recorded in the report."""
+    from gspo_megatron.gpu_check.throughput import DTYPES, matmul_peak_tflops
+
+    try:
+        peak = matmul_peak_tflops(device, DTYPES[sizes.params_dtype], sizes.matmul_n,
+                                  sizes.matmul_iters)
+    except RuntimeError as exc:  # e.g. out of memory: MFU is then unknown, not fatal
+        log.warning("matmul peak not measured: %s", exc)
+        peak = float("nan")
+    report.environment["matmul_peak_tflops"] = float(f"{peak:.4g}")
+    return peak
+
+
 def run_kit(sizes: KitSizes, device: torch.device, out_dir: Path, work_dir: Path,
             selected=CHECKS) -> Report:
     """Every selected check, in order; the report is rewritten into ``out_dir`` after each."""
@@ -145,7 +159,6 @@ def run_kit(sizes: KitSizes, device: torch.device, out_dir: Path, work_dir: Path
     from gspo_megatron.gpu_check.kernel_check import check_logprob_memory
     from gspo_megatron.gpu_check.learner_checks import (check_cpu_compat, check_learner_train,
                                                         check_logprobs_vs_hf)
-    from gspo_megatron.gpu_check.throughput import DTYPES, matmul_peak_tflops
     from gspo_megatron.gpu_check.weight_sync_check import check_weight_sync
 
     report = Report(mode="gpu" if device.type == "cuda" else "cpu-dry-run", out_dir=out_dir)
@@ -163,13 +176,7 @@ def run_kit(sizes: KitSizes, device: torch.device, out_dir: Path, work_dir: Path
                   selected=selected)
         run_check(report, "cpu_compat_not_applied", lambda: check_cpu_compat(the_runtime()),
                   selected=selected)
-        try:
-            peak = matmul_peak_tflops(device, DTYPES[sizes.params_dtype], sizes.matmul_n,
-                                      sizes.matmul_iters)
-        except RuntimeError as exc:  # e.g. out of memory: MFU is then unknown, not fatal
-            log.warning("matmul peak not measured: %s", exc)
-            peak = float("nan")
-        report.environment["matmul_peak_tflops"] = float(f"{peak:.4g}")
+        peak = _matmul_peak(report, device, sizes)
         needs_model = {"learner_train", "logprobs_vs_hf", "weight_sync_cuda_ipc", "te_fp8"}
         if needs_model & set(selected) and runtime is not None:
             setup.build(with_engine="weight_sync_cuda_ipc" in selected, runtime=runtime)

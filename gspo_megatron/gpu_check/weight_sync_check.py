@@ -2,8 +2,9 @@
 
 The engine (its own process, :mod:`gpu_check.ipc_engine`) first has every weight perturbed, so
 that before the sync no tensor matches the learner. The project's ``CudaIpcTransport`` then
-streams the learner's parameters, gathered into HF names by ``trainer.hf_weights``, bucket by
-bucket as ``/update_weights_from_tensor`` bodies. After the sync every engine weight must equal
+streams the learner's parameters, gathered into HF names by ``checkpoint.gather``, bucket by
+bucket as ``/update_weights_from_tensor`` bodies (``send_bucket``: the engine here has no
+pause / session protocol to drive). After the sync every engine weight must equal
 the learner's bit for bit: the engine lends its weights back through the same IPC serializer
 and the comparison runs on the device, without copies.
 """
@@ -21,13 +22,14 @@ from gspo_megatron.gpu_check.throughput import synchronize
 
 def compare_with_engine(learner, engine: EngineProcess) -> Dict[str, int]:
     """Count learner tensors (HF names) that differ from, or are missing in, the engine."""
-    from gspo_megatron.trainer.hf_weights import learner_hf_tensors
+    from gspo_megatron.checkpoint.gather import iter_hf_tensors
+    from gspo_megatron.checkpoint.learner_hf import unwrapped_chunks
 
     theirs = dict(deserialize(engine.call("share_weights")))
     counts = {"tensors": 0, "bytes": 0, "differ": 0, "missing": 0}
     seen = set()
     try:
-        for name, tensor in learner_hf_tensors(learner):
+        for name, tensor in iter_hf_tensors(unwrapped_chunks(learner), learner.model_cfg):
             counts["tensors"] += 1
             counts["bytes"] += tensor.numel() * tensor.element_size()
             seen.add(name)
@@ -46,17 +48,27 @@ def compare_with_engine(learner, engine: EngineProcess) -> Dict[str, int]:
 def check_weight_sync(learner, engine: EngineProcess, bucket_bytes: int,
                       device: torch.device) -> Outcome:
     """Perturb the engine, sync through CudaIpcTransport, then require exact equality."""
-    from gspo_megatron.trainer.hf_weights import learner_hf_tensors
-    from gspo_megatron.weight_sync.in_process import CudaIpcTransport
+    import time
+
+    from gspo_megatron.checkpoint.gather import iter_hf_buckets
+    from gspo_megatron.checkpoint.learner_hf import unwrapped_chunks
+    from gspo_megatron.rollout.types import WeightSyncStats
+    from gspo_megatron.weight_sync.buckets import Bucket
+    from gspo_megatron.weight_sync.tensor_ipc import CudaIpcTransport
 
     ready = engine.wait_ready()
     engine.call("perturb")
     before = compare_with_engine(learner, engine)
-    transport = CudaIpcTransport([EngineClient(engine)], bucket_bytes, tp_size=1,
-                                 serialize=serialize)
+    transport = CudaIpcTransport(None, bucket_bytes, tp_size=1, serialize=serialize,
+                                 clients=[EngineClient(engine)])
     synchronize(device)
-    stats = transport.send(learner_hf_tensors(learner), weight_version="gpu-check")
+    stats, t0 = WeightSyncStats(), time.perf_counter()
+    for items in iter_hf_buckets(unwrapped_chunks(learner), learner.model_cfg, bucket_bytes):
+        bucket = Bucket.from_items(items)
+        transport.send_bucket(bucket, "gpu-check")
+        stats.add_bucket(len(bucket.items), bucket.num_bytes)
     synchronize(device)
+    stats.seconds = time.perf_counter() - t0
     after = compare_with_engine(learner, engine)
     numbers = {"transport": type(transport).__name__, "engine_load_s": ready.get("load_s"),
                "sync_s": stats.seconds, "sync_gb": stats.num_bytes / 1e9,

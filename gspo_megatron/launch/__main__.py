@@ -22,8 +22,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from gspo_megatron.config import ConfigError, load_config
+from gspo_megatron.config import ConfigError
 from gspo_megatron.config.allocation import node_roles
+from gspo_megatron.planner.fit_check import load_fitting_config
 from gspo_megatron.launch.hostlist import expand_hostlist
 from gspo_megatron.launch.mounts import mounts_spec, parse_user_mounts
 from gspo_megatron.launch.plan import JobSettings, LaunchPlan, Node, bash_array, build_plan
@@ -50,14 +51,14 @@ def resolve_config(config: str, overrides: Sequence[str], num_nodes: int,
     """The validated config and the overrides that produce it (``launch.num_nodes`` and, when
     the config leaves it open, ``parallel.world_size`` added)."""
     overrides = [*overrides, f"launch.num_nodes={num_nodes}"]
-    cfg = load_config(config, overrides)
+    cfg = load_fitting_config(config, overrides)
     if devices_on_node is not None and devices_on_node != cfg.launch.devices_per_node:
         raise ConfigError(f"launch.devices_per_node: {cfg.launch.devices_per_node}, but the job has "
                           f"{devices_on_node} GPUs per node (SLURM_GPUS_ON_NODE)")
     if cfg.parallel.world_size is None:
         roles = node_roles(cfg)
         overrides.append(f"parallel.world_size={roles.num_learner_nodes * roles.learner_procs_per_node}")
-        cfg = load_config(config, overrides)
+        cfg = load_fitting_config(config, overrides)
     return cfg, overrides
 
 

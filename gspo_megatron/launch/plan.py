@@ -135,7 +135,8 @@ def server_tasks(cfg, rollout_nodes: Sequence[Node], roles: NodeRoles, job: JobS
                     enable_memory_saver=cfg.rollout.mode == "colocated",
                     deterministic=s.deterministic_inference) + list(job.sglang_extra_args)
             else:
-                argv = reference_server_command(model_path, s.port + i, host="0.0.0.0", python=job.python)
+                argv = reference_server_command(model_path, s.port + i, host="0.0.0.0", python=job.python,
+                                                enable_memory_saver=cfg.rollout.mode == "colocated")
             devices = list(range(i * per_server, (i + 1) * per_server))
             tasks.append(ServerTask(node.name, i, f"{node.addr}:{s.port + i}", devices,
                                     _with_entry(argv, job.rollout_entry)))

@@ -4,9 +4,9 @@ Rollouts are variable-length. Instead of padding every sequence to the longest o
 
 1. splits the mini-batch across data-parallel ranks so each rank gets about the same number of
    *tokens* (longest-first greedy onto the lightest rank; every rank computes the same split from
-   the same mini-batch, so no communication is needed),
+   the same mini-batch, so no communication is needed; ``learner/packing.py``),
 2. packs each rank's share into micro-batches of at most ``max_tokens_per_micro_batch`` tokens
-   (dynamic batch size; first-fit-decreasing), and
+   (dynamic batch size; first-fit-decreasing; ``learner/packing.py``), and
 3. lays each micro-batch out in one of two layouts:
 
    - ``packed`` (Transformer Engine): *one* row ``[1, S]`` of concatenated sequences with
@@ -26,8 +26,11 @@ layout; the cost is padding only at the tail of micro-batches.
 
 Context parallelism (``cp_size > 1``): rows are padded to a multiple of ``2 * cp`` (packed: every
 sequence is, ``cu_seqlens_padded``), the full micro-batch is built as above, and then
-:func:`~gspo_megatron.learner.context_parallel.shard_micro_batch` keeps this CP rank's
-load-balanced chunks. ``StepPlan.padded_len`` stays the *full* length (Megatron divides by CP).
+:func:`shard_micro_batch` keeps this CP rank's load-balanced chunks (which ones:
+``distributed/context_parallel.py``). Labels are taken from the full row first, so the next token
+of a chunk's last position is right; the share also carries the *full* response length of every
+sequence and each local token's index inside its response, which the loss and the log-prob
+gather need. ``StepPlan.padded_len`` stays the *full* length (Megatron divides by CP).
 
 Only response tokens carry loss: the log-prob of token ``j`` comes from position ``j - 1``, so a
 sequence with prompt length ``P`` and length ``L`` contributes positions ``P-1 .. L-2``.
@@ -35,15 +38,16 @@ sequence with prompt length ``P`` and length ``L`` contributes positions ``P-1 .
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import List, Optional, Sequence, Union
 
 import torch
 
-from gspo_megatron.learner.context_parallel import (load_balanced_causal_mask,
-                                                    load_balanced_indices, padded_boundaries,
-                                                    response_token_index, shard_micro_batch,
-                                                    thd_partition_indices)
+from gspo_megatron.distributed.context_parallel import (load_balanced_causal_mask,
+                                                       load_balanced_indices, padded_boundaries,
+                                                       response_token_index,
+                                                       thd_partition_indices)
+from gspo_megatron.learner.packing import pack_by_tokens, split_across_dp
 
 TokenList = Union[Sequence[int], torch.Tensor]
 
@@ -96,39 +100,6 @@ class SequenceBatch:
     @property
     def num_response_tokens(self) -> int:
         return sum(self.response_len(i) for i in range(len(self)))
-
-
-def split_across_dp(lengths: Sequence[int], dp_size: int) -> List[List[int]]:
-    """Sequence indices per DP rank, balancing token counts (longest first onto lightest rank).
-
-    Deterministic: ties go to the lower rank, so every process computes the same split.
-    """
-    loads = [0] * dp_size
-    shares: List[List[int]] = [[] for _ in range(dp_size)]
-    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        rank = min(range(dp_size), key=lambda r: (loads[r], r))
-        shares[rank].append(i)
-        loads[rank] += lengths[i]
-    return [sorted(s) for s in shares]
-
-
-def pack_by_tokens(indices: Sequence[int], lengths: Sequence[int], max_tokens: int) -> List[List[int]]:
-    """First-fit-decreasing packing of sequences into bins of at most ``max_tokens`` tokens."""
-    bins: List[List[int]] = []
-    loads: List[int] = []
-    for i in sorted(indices, key=lambda i: (-lengths[i], i)):
-        if lengths[i] > max_tokens:
-            raise ValueError(f"sequence {i} has {lengths[i]} tokens, more than "
-                             f"batch.max_tokens_per_micro_batch={max_tokens}")
-        for b, load in enumerate(loads):
-            if load + lengths[i] <= max_tokens:
-                bins[b].append(i)
-                loads[b] += lengths[i]
-                break
-        else:
-            bins.append([i])
-            loads.append(lengths[i])
-    return [sorted(b) for b in bins]
 
 
 LAYOUTS = ("packed", "rows")
@@ -188,7 +159,7 @@ class MicroBatch:
 
         Rows: plain causal, shared by every row. Packed: causal inside each sequence only.
         Rows under CP: ``[1, 1, S_local, S]``, this rank's queries against the all-gathered keys
-        (``context_parallel.load_balanced_causal_mask``)."""
+        (``distributed.context_parallel.load_balanced_causal_mask``)."""
         length = self.tokens.shape[1]
         if self.cp_size > 1:
             if self.layout != "rows":
@@ -213,6 +184,21 @@ def _as_tensor(values, dtype) -> torch.Tensor:
     return torch.tensor(list(values), dtype=dtype)
 
 
+EXTRA_KEYS = ("advantages", "old_logprobs", "rollout_logprobs", "ref_logprobs")
+"""Per-response-token fields of a SequenceBatch that travel into ``MicroBatch.extras``."""
+
+
+def _extra_values(batch: SequenceBatch, key: str, i: int) -> torch.Tensor:
+    """fp32 ``[response_len(i)]`` values of ``key`` for sequence ``i``."""
+    if key == "advantages":
+        return _per_token_advantage(batch, i)
+    return _as_tensor(getattr(batch, key)[i], torch.float32)
+
+
+def _cat(parts: List[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=dtype)
+
+
 def _per_token_advantage(batch: SequenceBatch, i: int) -> torch.Tensor:
     adv = batch.advantages[i]
     n = batch.response_len(i)
@@ -235,8 +221,7 @@ def build_micro_batch(batch: SequenceBatch, seq_ids: List[int], padded_len: int,
     tokens = torch.full((padded_len,), pad_token_id, dtype=torch.int64)
     position_ids = torch.zeros(padded_len, dtype=torch.int64)
     positions, seq_index = [], []
-    extras: dict = {k: [] for k in ("advantages", "old_logprobs", "rollout_logprobs", "ref_logprobs")
-                    if getattr(batch, k) is not None}
+    extras: dict = {k: [] for k in EXTRA_KEYS if getattr(batch, k) is not None}
     seq_lengths = [batch.seq_len(i) for i in seq_ids]
     real, bounds = padded_boundaries(seq_lengths, seq_multiple)
     for local, i in enumerate(seq_ids):
@@ -247,8 +232,7 @@ def build_micro_batch(batch: SequenceBatch, seq_ids: List[int], padded_len: int,
         positions.append(torch.arange(offset + prompt - 1, offset + length - 1))
         seq_index.append(torch.full((length - prompt,), local, dtype=torch.int64))
         for key in extras:
-            extras[key].append(_per_token_advantage(batch, i) if key == "advantages"
-                               else _as_tensor(getattr(batch, key)[i], torch.float32))
+            extras[key].append(_extra_values(batch, key, i))
     used = bounds[-1]
     if used > padded_len:
         raise ValueError(f"micro-batch of {used} tokens does not fit padded length {padded_len}")
@@ -257,14 +241,13 @@ def build_micro_batch(batch: SequenceBatch, seq_ids: List[int], padded_len: int,
         bounds.append(padded_len)
         position_ids[used:] = torch.arange(padded_len - used)
     labels = torch.roll(tokens, -1)
-    cat = (lambda xs, dtype: torch.cat(xs) if xs else torch.zeros(0, dtype=dtype))
     return MicroBatch(
         seq_ids=list(seq_ids), tokens=tokens.view(1, -1), labels=labels.view(1, -1),
         position_ids=position_ids.view(1, -1),
         cu_seqlens=torch.tensor(real, dtype=torch.int32),
-        response_positions=cat(positions, torch.int64), seq_index=cat(seq_index, torch.int64),
+        response_positions=_cat(positions, torch.int64), seq_index=_cat(seq_index, torch.int64),
         num_real_tokens=sum(seq_lengths),
-        extras={k: cat(v, torch.float32) for k, v in extras.items()},
+        extras={k: _cat(v, torch.float32) for k, v in extras.items()},
         cu_seqlens_padded=torch.tensor(bounds, dtype=torch.int32) if seq_multiple > 1 else None)
 
 
@@ -275,8 +258,7 @@ def build_row_micro_batch(batch: SequenceBatch, seq_ids: List[int], num_rows: in
         raise ValueError(f"{len(seq_ids)} sequences do not fit {num_rows} rows")
     tokens = torch.full((num_rows, row_len), pad_token_id, dtype=torch.int64)
     positions, seq_index, real = [], [], 0
-    extras: dict = {k: [] for k in ("advantages", "old_logprobs", "rollout_logprobs", "ref_logprobs")
-                    if getattr(batch, k) is not None}
+    extras: dict = {k: [] for k in EXTRA_KEYS if getattr(batch, k) is not None}
     for row, i in enumerate(seq_ids):
         ids = _as_tensor(batch.token_ids[i], torch.int64)
         length, prompt = ids.numel(), batch.prompt_lens[i]
@@ -286,16 +268,14 @@ def build_row_micro_batch(batch: SequenceBatch, seq_ids: List[int], num_rows: in
         positions.append(torch.arange(prompt - 1, length - 1) + row * row_len)
         seq_index.append(torch.full((length - prompt,), row, dtype=torch.int64))
         for key in extras:
-            extras[key].append(_per_token_advantage(batch, i) if key == "advantages"
-                               else _as_tensor(getattr(batch, key)[i], torch.float32))
+            extras[key].append(_extra_values(batch, key, i))
         real += length
-    cat = (lambda xs, dtype: torch.cat(xs) if xs else torch.zeros(0, dtype=dtype))
     return MicroBatch(
         seq_ids=list(seq_ids), tokens=tokens, labels=torch.roll(tokens, -1, dims=1),
         position_ids=torch.arange(row_len).expand(num_rows, row_len).clone(),
         cu_seqlens=torch.arange(0, (num_rows + 1) * row_len, row_len, dtype=torch.int32),
-        response_positions=cat(positions, torch.int64), seq_index=cat(seq_index, torch.int64),
-        num_real_tokens=real, extras={k: cat(v, torch.float32) for k, v in extras.items()},
+        response_positions=_cat(positions, torch.int64), seq_index=_cat(seq_index, torch.int64),
+        num_real_tokens=real, extras={k: _cat(v, torch.float32) for k, v in extras.items()},
         layout="rows")
 
 
@@ -350,6 +330,30 @@ def _cp_share(mb: MicroBatch, cp_size: int, cp_rank: int) -> MicroBatch:
     else:
         columns = thd_partition_indices(mb.cu_seqlens_padded.tolist(), cp_size, cp_rank)
     return shard_micro_batch(mb, columns, cp_size, cp_rank)
+
+
+def shard_micro_batch(mb: MicroBatch, columns: torch.Tensor, cp_size: int,
+                      cp_rank: int) -> MicroBatch:
+    """This CP rank's view of ``mb``, keeping ``columns`` (int64 ``[S_local]``) of every row.
+
+    ``response_positions`` index the flattened local ``[R * S_local]`` logits; ``seq_index``,
+    ``extras`` keep only the response tokens predicted on this rank, in the same order.
+    """
+    rows, length = mb.tokens.shape
+    local_len = columns.numel()
+    where = torch.full((length,), -1, dtype=torch.int64)
+    where[columns] = torch.arange(local_len)
+    row, col = mb.response_positions // length, mb.response_positions % length
+    keep = where[col] >= 0
+    counts = torch.bincount(mb.seq_index, minlength=mb.num_seqs)
+    token_index = response_token_index(mb.seq_index, mb.num_seqs)
+    return replace(
+        mb, tokens=mb.tokens[:, columns], labels=mb.labels[:, columns],
+        position_ids=mb.position_ids[:, columns],
+        response_positions=row[keep] * local_len + where[col[keep]],
+        seq_index=mb.seq_index[keep], extras={k: v[keep] for k, v in mb.extras.items()},
+        full_seq_token_counts=counts, token_index=token_index[keep],
+        cp_size=cp_size, cp_rank=cp_rank)
 
 
 def _plan_packed(batch: SequenceBatch, shares: List[List[int]], lengths: List[int], dp_rank: int,

@@ -7,10 +7,15 @@ Format ``gspo-megatron-v1`` (the HF -> Megatron converter writes the same):
   ``"model1"``, ...). Training checkpoints add ``"optimizer"`` (distributed optimizer state in the
   layout-independent ``fully_reshardable`` form), ``"scheduler"``, ``"rng"`` (one object
   per rank, restored only under the same layout), ``"step"`` and ``"extra"``;
-* ``gspo_meta.json``: ``{"format", "step", "model", "parallel", "has_optimizer"}``.
+* ``gspo_meta.json``: ``{"format", "step", "model", "parallel", "has_optimizer"}`` (training
+  checkpoints add what the trainer passes, e.g. the dataset it was trained on);
+* ``manifest.json``: every file with its size, written last (``learner/checkpoint_files.py``).
 
-Writes go to ``<dir>.partial`` and are renamed into place when every rank has finished, so a
-directory named like a checkpoint is always a complete one.
+Writes go to ``<dir>.partial`` after a free-space check and are renamed into place when every
+rank has finished, so a directory named like a checkpoint is a complete one; a failed write
+removes its partial directory and raises :class:`OutputWriteError` naming the path and cause.
+Loads verify the manifest first and turn dist_checkpointing's errors into
+:class:`CheckpointError` naming the directory.
 
     save_model_weights(chunks, "ckpt/hf_import", meta)   # weights only (converter, exports)
     load_model_weights(chunks, "ckpt/hf_import")
@@ -20,17 +25,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
-FORMAT = "gspo-megatron-v1"
-META_FILE = "gspo_meta.json"
+from gspo_megatron.learner.checkpoint_files import META_FILE, CheckpointError, require_complete
+from gspo_megatron.learner.checkpoint_write import FORMAT, atomic_save, jsonable
+
 OPTIMIZER_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable",
                       "chained_optim_avoid_prefix": True}
 
@@ -43,11 +47,6 @@ def _rank() -> int:
 
 def _world() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
 
 
 def _model_keys(num_chunks: int) -> List[str]:
@@ -68,61 +67,25 @@ def _unwrap(chunk):
     return getattr(chunk, "module", chunk)
 
 
-def _jsonable(value):
-    if is_dataclass(value):
-        return asdict(value)
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(value, DictConfig):
-            return OmegaConf.to_container(value, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        pass
-    return value
-
-
 def read_meta(directory: str | Path) -> Dict[str, Any]:
     """``gspo_meta.json`` of a checkpoint; a clear error when it is missing or not ours."""
     path = Path(directory) / META_FILE
     try:
         meta = json.loads(path.read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: not a gspo-megatron checkpoint (no {META_FILE})") from None
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+        raise CheckpointError(f"{path}: not a gspo-megatron checkpoint (no {META_FILE})") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise CheckpointError(f"{path}: format {found!r}, expected {FORMAT!r}")
     return meta
-
-
-def _atomic_save(state: Dict[str, Any], directory: str | Path, meta: Dict[str, Any]) -> None:
-    from megatron.core import dist_checkpointing
-
-    final = Path(directory)
-    partial = final.with_name(final.name + ".partial")
-    if _rank() == 0:
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-    _barrier()
-    dist_checkpointing.save(state, str(partial))
-    _barrier()
-    if _rank() == 0:
-        meta = {"format": FORMAT, **{k: _jsonable(v) for k, v in meta.items()}}
-        (partial / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
-        if final.exists():
-            old = final.with_name(final.name + ".old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            os.replace(partial, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(partial, final)
-        log.info("saved checkpoint %s (step %s)", final, meta.get("step"))
-    _barrier()
 
 
 def save_model_weights(model_chunks, directory: str | Path, meta: Dict[str, Any]) -> None:
     """Weights only. ``meta`` should hold ``step``, ``model`` and ``parallel`` (dataclasses ok)."""
     meta = {"step": 0, **meta, "has_optimizer": False}
-    _atomic_save(model_sharded_state_dict(model_chunks), directory, meta)
+    atomic_save(model_sharded_state_dict(model_chunks), directory, meta)
 
 
 def _load_chunks(model_chunks, loaded: Dict[str, Any], directory) -> None:
@@ -135,12 +98,28 @@ def _load_chunks(model_chunks, loaded: Dict[str, Any], directory) -> None:
 
 def load_model_weights(model_chunks, directory: str | Path) -> Dict[str, Any]:
     """Load the model part of any gspo-megatron checkpoint into ``model_chunks``; returns meta."""
-    from megatron.core import dist_checkpointing
-
+    require_complete(directory, require_manifest=False)
     meta = read_meta(directory)
-    loaded = dist_checkpointing.load(model_sharded_state_dict(model_chunks), str(directory))
+    loaded = _load(model_sharded_state_dict(model_chunks), directory)
     _load_chunks(model_chunks, loaded, directory)
     return meta
+
+
+def _load(state: Dict[str, Any], directory: str | Path) -> Dict[str, Any]:
+    """``dist_checkpointing.load`` with its errors turned into one :class:`CheckpointError`."""
+    from megatron.core import dist_checkpointing
+
+    try:
+        return dist_checkpointing.load(state, str(directory))
+    except (Exception, CheckpointException) as exc:  # torch's CheckpointException: BaseException
+        cause = exc
+        failures = getattr(exc, "failures", None)
+        if isinstance(failures, dict) and failures:
+            first = next(iter(failures.values()))
+            cause = first[0] if isinstance(first, tuple) else first
+        text = str(cause).strip().splitlines()
+        raise CheckpointError(f"{directory}: cannot load checkpoint: {type(cause).__name__}: "
+                              f"{text[0] if text else ''}") from None
 
 
 def _rng_object(key: str):
@@ -164,7 +143,7 @@ def _restore_rng(state: Dict[str, Any]) -> None:
 
 def layout_key(parallel, world_size: Optional[int] = None) -> str:
     """Names a layout; RNG states are only meaningful between identical ones."""
-    p = _jsonable(parallel)
+    p = jsonable(parallel)
     return "w{}_tp{}_pp{}_vpp{}_ep{}_etp{}_cp{}".format(
         world_size or _world(), p["tp"], p["pp"], p["vpp"], p["ep"], p["etp"], p["cp"])
 
@@ -260,7 +239,7 @@ def save_training_checkpoint(model_chunks, optimizer, scheduler, directory: str 
     state["rng"] = _rng_object(layout_key(meta["parallel"]))
     state["step"] = int(meta.get("step", 0))
     state["extra"] = dict(extra or {})
-    _atomic_save(state, directory, {**meta, "has_optimizer": True, "world_size": _world()})
+    atomic_save(state, directory, {**meta, "has_optimizer": True, "world_size": _world()})
 
 
 def load_training_checkpoint(model_chunks, optimizer, scheduler, directory: str | Path,
@@ -270,14 +249,13 @@ def load_training_checkpoint(model_chunks, optimizer, scheduler, directory: str 
     Under a different layout the model and optimizer are resharded; RNG states (one per rank)
     are only restored when the layout is the same, since ranks do not correspond otherwise.
     """
-    from megatron.core import dist_checkpointing
-
+    require_complete(directory, require_manifest=False)
     meta = read_meta(directory)
     model_sd = model_sharded_state_dict(model_chunks)
     state: Dict[str, Any] = dict(model_sd)
     with_optimizer = load_optimizer and meta.get("has_optimizer", False)
     if load_optimizer and not meta.get("has_optimizer", False):
-        raise ValueError(f"{directory}: weights-only checkpoint has no optimizer state; "
+        raise CheckpointError(f"{directory}: weights-only checkpoint has no optimizer state; "
                          "load it with load_weights / load_optimizer=False")
     saved_layout = layout_key(meta["parallel"], meta.get("world_size"))
     same_layout = saved_layout == layout_key(parallel)
@@ -288,7 +266,7 @@ def load_training_checkpoint(model_chunks, optimizer, scheduler, directory: str 
         state["extra"] = {}
         if same_layout:
             state["rng"] = _rng_object(layout_key(parallel))
-    loaded = dist_checkpointing.load(state, str(directory))
+    loaded = _load(state, directory)
     _load_chunks(model_chunks, loaded, directory)
     if with_optimizer:
         _restore_optimizer(optimizer, structures, loaded["optimizer"])

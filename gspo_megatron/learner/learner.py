@@ -18,7 +18,7 @@ the loss handed to Megatron is multiplied by ``num_micro_batches * dp_size`` (ex
 The MoE auxiliary loss keeps Megatron's usual per-micro-batch mean.
 
 Context parallelism (CP): every CP rank of a DP rank plans the same micro-batches and keeps its
-load-balanced share of each (``learner/context_parallel.py``); the losses complete per-sequence
+load-balanced share of each (``learner/batch.py``); the losses complete per-sequence
 sums over the CP group (``PolicyLossInputs.cp_group``, full ``seq_token_counts``), so each CP
 rank's loss is its share of the objective and the gradient is the *sum* over CP ranks. Megatron
 multiplies a 2-tuple loss by ``cp_size`` and DDP averages over DP x CP, which cancel: the scale
@@ -28,6 +28,7 @@ over DP x CP; ``compute_logprobs`` reassembles each sequence from its CP shares.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -44,10 +45,14 @@ from gspo_megatron.algorithms.types import LossOutput, PolicyLossInputs
 from gspo_megatron.config.schema import GSPOConfig
 from gspo_megatron.config.sequence_padding import pad_multiple_for
 from gspo_megatron.learner import checkpointing
+from gspo_megatron.learner.checkpoint_files import checkpoint_root
 from gspo_megatron.learner.batch import MicroBatch, SequenceBatch, StepPlan, plan_step
 from gspo_megatron.learner.forward import forward_chunk, response_logprobs, split_by_sequence
 from gspo_megatron.learner.optimizer import (build_optimizer, build_scheduler, current_lr,
                                              guarded_step, wrap_ddp)
+from gspo_megatron.learner.routing import (RECORD, REPLAY, RoutingSession, RoutingTape,
+                                           check_routing_supported, chunk_routers,
+                                           routing_change_metrics)
 from gspo_megatron.model.provider import (build_gpt_model, build_transformer_config,
                                           resolve_model_config, resolve_params_dtype,
                                           resolve_transformer_impl)
@@ -67,6 +72,8 @@ class LogprobOutput:
 
     logprobs: List[torch.Tensor]
     entropy: List[torch.Tensor]
+    routing: Optional[RoutingTape] = None
+    """This rank's recorded MoE routing of the pass (``record_routing=True``), for replay."""
 
 
 class Learner:
@@ -100,6 +107,7 @@ class Learner:
         self.cp_size = ps.get_context_parallel_world_size()
         self.cp_rank = ps.get_context_parallel_rank()
         self.cp_group = ps.get_context_parallel_group() if self.cp_size > 1 else None
+        self.routers = [chunk_routers(chunk) for chunk in self.model]  # [] per chunk when dense
         self.step = 0
         self.consecutive_nonfinite = 0
         self.num_nonfinite_skipped = 0
@@ -128,7 +136,17 @@ class Learner:
 
     # ---- running the schedule -------------------------------------------------------------
 
-    def _run_schedule(self, plan: StepPlan, loss_func: Callable, forward_only: bool) -> list:
+    def _routing_session(self, mode: Optional[str], tape: Optional[RoutingTape] = None):
+        """Record / replay MoE routing during one schedule run (``learner/routing.py``)."""
+        if mode is None:
+            return None
+        check_routing_supported(self.tf_config, self.routers, mode)
+        sp = self.cfg.parallel.tp if self.cfg.parallel.sp else 1
+        return RoutingSession(self.model, self.routers, mode, tape, sp_size=sp,
+                              sp_rank=self.tp_rank if sp > 1 else 0)
+
+    def _run_schedule(self, plan: StepPlan, loss_func: Callable, forward_only: bool,
+                      routing: Optional[RoutingSession] = None) -> list:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         mbs = plan.micro_batches
@@ -136,13 +154,19 @@ class Learner:
 
         def forward_step(data_iterator, chunk):
             mb = next(data_iterator)
-            return forward_chunk(chunk, mb, self.use_packed_seq, self.device), partial(loss_func, mb)
+            if routing is not None:
+                routing.before_forward(chunk, mb)
+            output = forward_chunk(chunk, mb, self.use_packed_seq, self.device)
+            if routing is not None:
+                routing.after_forward(chunk, mb)
+            return output, partial(loss_func, mb)
 
-        return get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=data, model=self.model,
-            num_microbatches=len(mbs), seq_length=plan.padded_len,
-            micro_batch_size=plan.rows_per_micro_batch,
-            forward_only=forward_only)
+        with routing if routing is not None else contextlib.nullcontext():
+            return get_forward_backward_func()(
+                forward_step_func=forward_step, data_iterator=data, model=self.model,
+                num_microbatches=len(mbs), seq_length=plan.padded_len,
+                micro_batch_size=plan.rows_per_micro_batch,
+                forward_only=forward_only)
 
     def _logprobs(self, output, mb: MicroBatch, temperature: float, compute_entropy: bool):
         return response_logprobs(output, mb, self.model_cfg.vocab_size, self.tp_group,
@@ -151,11 +175,13 @@ class Learner:
     # ---- log-prob pass --------------------------------------------------------------------
 
     @torch.no_grad()
-    def compute_logprobs(self, batch: SequenceBatch,
-                         temperature: Optional[float] = None) -> LogprobOutput:
-        """Forward only; per-sequence response log-probs and entropies on every rank."""
+    def compute_logprobs(self, batch: SequenceBatch, temperature: Optional[float] = None,
+                         record_routing: bool = False) -> LogprobOutput:
+        """Forward only; per-sequence response log-probs and entropies on every rank, and with
+        ``record_routing`` this rank's MoE routing of the pass (to replay in ``train_step``)."""
         temp = self.cfg.rollout.temperature if temperature is None else temperature
         plan = self.plan(batch)
+        session = self._routing_session(RECORD if record_routing else None)
 
         def loss_func(mb, output):
             if mb.num_seqs == 0:
@@ -169,7 +195,7 @@ class Learner:
         for m in self.model:
             m.eval()
         try:
-            results = self._run_schedule(plan, loss_func, forward_only=True)
+            results = self._run_schedule(plan, loss_func, forward_only=True, routing=session)
         finally:
             for m in self.model:
                 m.train()
@@ -177,7 +203,20 @@ class Learner:
         if self.is_last_stage and self.tp_rank == 0:
             for item in results:
                 mine.update(item.get("per_seq", {}))
-        return _assemble_sequences(batch, _all_gather_objects(mine))
+        out = _assemble_sequences(batch, _all_gather_objects(mine))
+        out.routing = session.tape if session is not None else None
+        return out
+
+    def record_routing(self, batch: SequenceBatch) -> RoutingTape:
+        """Forward only: the top-k experts every MoE layer picks for every token of ``batch``."""
+        return self.compute_logprobs(batch, record_routing=True).routing
+
+    def routing_change(self, before: RoutingTape, after: RoutingTape) -> Dict[str, float]:
+        """Expert volatility between two recordings of the same batch, over all ranks
+        (each rank holds distinct (token, layer) pairs: DP / CP / SP shards, PP stages)."""
+        metrics = routing_change_metrics(before, after, self.model_cfg.num_experts)
+        all_reduce_metrics(metrics)
+        return metrics_to_floats(metrics)
 
     # ---- training -------------------------------------------------------------------------
 
@@ -194,8 +233,10 @@ class Learner:
             rollout_logprobs=extras.get("rollout_logprobs"), cp_group=self.cp_group)
 
     def forward_backward(self, mini_batch: SequenceBatch, loss_fn: LossFn,
-                         temperature: Optional[float] = None) -> Dict[str, object]:
-        """Accumulate the mini-batch gradient in the DDP grad buffers (no optimizer step)."""
+                         temperature: Optional[float] = None,
+                         routing: Optional[RoutingTape] = None) -> Dict[str, object]:
+        """Accumulate the mini-batch gradient in the DDP grad buffers (no optimizer step);
+        ``routing`` (recorded on the same mini-batch) is replayed in every MoE layer."""
         temp = self.cfg.rollout.temperature if temperature is None else temperature
         plan = self.plan(mini_batch)
         scale = float(len(plan.micro_batches) * self.dp_size)
@@ -210,7 +251,8 @@ class Learner:
         for m in self.model:
             m.zero_grad_buffer()
         self.optimizer.zero_grad()
-        results = self._run_schedule(plan, loss_func, forward_only=False)
+        session = self._routing_session(REPLAY if routing is not None else None, routing)
+        results = self._run_schedule(plan, loss_func, forward_only=False, routing=session)
         loss_sum = torch.zeros((), dtype=torch.float64)
         metrics: dict = {}
         for item in results if self.is_last_stage else []:
@@ -243,10 +285,12 @@ class Learner:
         return out
 
     def train_step(self, mini_batch: SequenceBatch, loss_fn: LossFn,
-                   temperature: Optional[float] = None) -> Dict[str, float]:
-        """Forward/backward over all micro-batches, one guarded optimizer step; metrics."""
+                   temperature: Optional[float] = None,
+                   routing: Optional[RoutingTape] = None) -> Dict[str, float]:
+        """Forward/backward over all micro-batches, one guarded optimizer step; metrics.
+        ``routing``: replay this recorded MoE routing (routing replay)."""
         start = time.perf_counter()
-        fb = self.forward_backward(mini_batch, loss_fn, temperature)
+        fb = self.forward_backward(mini_batch, loss_fn, temperature, routing)
         metrics = self._reduce_step_metrics(fb)
         loss_finite = math.isfinite(metrics["loss"])
         result = guarded_step(self.optimizer, self.cfg.optimizer.clip_grad, loss_finite)
@@ -287,15 +331,16 @@ class Learner:
     # ---- checkpoints ----------------------------------------------------------------------
 
     def last_good_dir(self) -> Path:
-        root = self.cfg.checkpoint.dir or str(Path(self.cfg.logging.run_dir) / "checkpoints")
-        return Path(root) / "last_good"
+        return checkpoint_root(self.cfg.checkpoint, self.cfg.logging.run_dir) / "last_good"
 
     def _meta(self) -> dict:
         return {"step": self.step, "model": self.model_cfg, "parallel": self.cfg.parallel}
 
-    def save_checkpoint(self, directory, extra: Optional[dict] = None) -> None:
+    def save_checkpoint(self, directory, extra: Optional[dict] = None,
+                        meta: Optional[dict] = None) -> None:
+        """Training checkpoint; ``extra`` goes into the checkpoint, ``meta`` into gspo_meta.json."""
         checkpointing.save_training_checkpoint(self.model, self.optimizer, self.scheduler,
-                                               directory, self._meta(), extra)
+                                               directory, {**(meta or {}), **self._meta()}, extra)
 
     def load_checkpoint(self, directory, load_optimizer: bool = True) -> dict:
         """Restore a training checkpoint (any layout); returns the saved ``extra`` dict."""

@@ -1,5 +1,8 @@
 """Megatron DDP wrapping, the (distributed) Adam optimizer, the LR schedule and a guarded step.
 
+Also the two things the cold start before RL does to them: a stage at its own constant learning
+rate (:func:`constant_learning_rate`) and forgetting Adam's state (:func:`reset_adam_state`).
+
 Gradients live in Megatron's contiguous fp32 grad buffers (``DistributedDataParallel``); with
 ``use_distributed_optimizer`` the Adam state and fp32 master weights are sharded over the
 data-parallel group. The step is :meth:`MegatronOptimizer.step` taken apart so that the global
@@ -9,6 +12,7 @@ gradient norm is known *before* anything is written: a non-finite norm skips the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from dataclasses import dataclass
@@ -38,17 +42,46 @@ def wrap_ddp(chunks: List[torch.nn.Module], tf_config, use_distributed_optimizer
     return wrapped
 
 
+_MOMENT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def optimizer_config_kwargs(cfg: OptimizerConfig, params_dtype: torch.dtype) -> dict:
+    """Keyword arguments of Megatron-Core's ``OptimizerConfig`` for our optimizer section.
+
+    Memory options follow megatron/core/optimizer/optimizer_config.py (0.16.1):
+    ``use_precision_aware_optimizer`` with ``exp_avg_dtype`` / ``exp_avg_sq_dtype`` (TE FusedAdam;
+    ``store_param_remainders`` stays at its default, True), and ``optimizer_cpu_offload`` /
+    ``optimizer_offload_fraction`` / ``overlap_cpu_optimizer_d2h_h2d`` (``HybridDeviceOptimizer``
+    in optimizer/cpu_offloading/hybrid_optimizer.py, which needs CUDA streams).
+    """
+    kwargs = dict(
+        optimizer="adam", lr=cfg.lr, min_lr=cfg.min_lr, weight_decay=cfg.weight_decay,
+        adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps,
+        clip_grad=cfg.clip_grad, bf16=params_dtype == torch.bfloat16, fp16=False,
+        params_dtype=params_dtype, use_distributed_optimizer=cfg.use_distributed_optimizer)
+    if cfg.precision_aware:
+        moments = _MOMENT_DTYPES[cfg.moments_dtype]
+        kwargs.update(use_precision_aware_optimizer=True, exp_avg_dtype=moments,
+                      exp_avg_sq_dtype=moments)
+    if cfg.cpu_offload:
+        kwargs.update(optimizer_cpu_offload=True, optimizer_offload_fraction=cfg.offload_fraction,
+                      overlap_cpu_optimizer_d2h_h2d=True)
+    return kwargs
+
+
 def build_optimizer(cfg: OptimizerConfig, chunks, params_dtype: torch.dtype):
     """Adam (decoupled weight decay) over all chunks; returns Megatron's optimizer object."""
     from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
     from megatron.core.optimizer import get_megatron_optimizer
 
-    mcfg = MegatronOptimizerConfig(
-        optimizer="adam", lr=cfg.lr, min_lr=cfg.min_lr, weight_decay=cfg.weight_decay,
-        adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps,
-        clip_grad=cfg.clip_grad, bf16=params_dtype == torch.bfloat16, fp16=False,
-        params_dtype=params_dtype, use_distributed_optimizer=cfg.use_distributed_optimizer)
-    optimizer = get_megatron_optimizer(mcfg, chunks)
+    from gspo_megatron.config.validate import ConfigError
+
+    if (cfg.precision_aware or cfg.cpu_offload) and not torch.cuda.is_available():
+        key = "optimizer.precision_aware" if cfg.precision_aware else "optimizer.cpu_offload"
+        raise ConfigError(f"{key}: needs GPUs (Transformer Engine's FusedAdam / CUDA streams); "
+                          "this process has none")
+    optimizer = get_megatron_optimizer(MegatronOptimizerConfig(**optimizer_config_kwargs(
+        cfg, params_dtype)), chunks)
     _fuse_cpu_adam(optimizer)
     return optimizer
 
@@ -143,3 +176,30 @@ def current_lr(optimizer) -> Optional[float]:
     for group in optimizer.param_groups:
         return float(group["lr"])
     return None
+
+
+@contextlib.contextmanager
+def constant_learning_rate(optimizer, scheduler, lr: float):
+    """Run a stage (the cold start) at its own constant lr, then give the RL schedule back
+    untouched: its step count, warm-up and decay start after the stage.
+
+    ``scheduler`` is Megatron's ``OptimizerParamScheduler``; per-group ``max_lr`` / ``min_lr``
+    overrides (which it reads before its own values) are set for the stage and restored after.
+    """
+    groups = optimizer.param_groups
+    saved = (scheduler.num_steps, scheduler.max_lr, scheduler.min_lr, scheduler.init_lr,
+             [(g.get("max_lr"), g.get("min_lr")) for g in groups])
+    scheduler.max_lr = scheduler.min_lr = scheduler.init_lr = lr
+    for g in groups:
+        g["max_lr"] = g["min_lr"] = g["lr"] = lr
+    try:
+        yield
+    finally:
+        scheduler.num_steps, scheduler.max_lr, scheduler.min_lr, scheduler.init_lr, per_group = saved
+        for g, (max_lr, min_lr) in zip(groups, per_group):
+            for key, value in (("max_lr", max_lr), ("min_lr", min_lr)):
+                if value is None:
+                    g.pop(key, None)
+                else:
+                    g[key] = value
+        scheduler.step(increment=0)  # re-apply the schedule's lr for its current step

@@ -6,9 +6,10 @@ is the local-spec replacement used when ``cp > 1``, with the same constructor an
 signature:
 
 1. Each CP rank holds the load-balanced chunks ``r`` and ``2 * cp - 1 - r`` of every row
-   (``learner/context_parallel.py``). Keys and values are all-gathered over the CP group along the
-   sequence dimension with Megatron's autograd-aware gather (forward all-gather, backward
-   reduce-scatter of the gradient: each rank's keys get the sum of every rank's queries' grads).
+   (``distributed/context_parallel.py``). Keys and values are all-gathered over the CP group
+   along the sequence dimension with Megatron's autograd-aware gather (forward all-gather,
+   backward reduce-scatter of the gradient: each rank's keys get the sum of every rank's
+   queries' grads).
 2. This rank's queries attend to all gathered keys with a causal mask on *global* positions
    (``key_pos > query_pos`` is masked); the learner passes that mask
    (``MicroBatch.causal_block_mask``), and it is rebuilt here when none is given. Padding sits at
@@ -33,7 +34,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from gspo_megatron.learner.context_parallel import load_balanced_causal_mask, load_balanced_indices
+from gspo_megatron.distributed.context_parallel import (load_balanced_causal_mask,
+                                                       load_balanced_indices)
 
 
 def _megatron_base():

@@ -95,6 +95,9 @@ def _moe_kwargs(model: ModelConfig, on_gpu: bool) -> dict:
         moe_expert_capacity_factor=None,  # dropless: every token reaches its top-k experts
         moe_shared_expert_intermediate_size=None,
         moe_permute_fusion=on_gpu and model.moe_token_dispatcher == "alltoall",
+        # A RouterReplay per router (moe/router.py): inert until the learner sets an action, it
+        # lets routing replay and the expert-volatility metric record / replay the top-k.
+        moe_enable_routing_replay=True,
     )
 
 
@@ -106,9 +109,27 @@ def transformer_config_kwargs(model: ModelConfig, parallel: ParallelConfig,
     """
     on_gpu = _on_gpu(on_gpu)
     impl = resolve_transformer_impl(model, on_gpu)
-    dtype = resolve_params_dtype(model, on_gpu)
-    fused = on_gpu and impl == "transformer_engine"
-    kwargs = dict(
+    kwargs = dict(**_architecture_kwargs(model), **_parallel_kwargs(parallel, on_gpu),
+                  **_precision_and_kernel_kwargs(model, impl, on_gpu))
+    if parallel.cp > 1 and impl == "transformer_engine":
+        kwargs.update(cp_comm_type=cp_comm_type(parallel))
+    if model.num_experts > 0:
+        kwargs.update(_moe_kwargs(model, on_gpu))
+    if model.recompute != "none":
+        kwargs.update(recompute_granularity=model.recompute,
+                      recompute_method="uniform" if model.recompute == "full" else None,
+                      recompute_num_layers=1 if model.recompute == "full" else None)
+    if model.fp8.enabled:
+        if impl != "transformer_engine":
+            raise ConfigError("model.fp8.enabled: FP8 needs Transformer Engine "
+                              "(model.transformer_impl=transformer_engine, on a GPU)")
+        kwargs.update(_fp8_kwargs(model))
+    return kwargs
+
+
+def _architecture_kwargs(model: ModelConfig) -> dict:
+    """Qwen3's shapes: GQA, head dim, RMSNorm, QK-norm, SwiGLU without biases, no dropout."""
+    return dict(
         num_layers=model.num_layers,
         hidden_size=model.hidden_size,
         ffn_hidden_size=model.ffn_hidden_size,
@@ -124,16 +145,41 @@ def transformer_config_kwargs(model: ModelConfig, parallel: ParallelConfig,
         add_qkv_bias=False,
         hidden_dropout=0.0,
         attention_dropout=0.0,
-        params_dtype=dtype,
-        bf16=dtype == torch.bfloat16,
-        pipeline_dtype=dtype,
+        init_method_std=0.02,
+    )
+
+
+def _parallel_kwargs(parallel: ParallelConfig, on_gpu: bool) -> dict:
+    """The TP / PP / VPP / CP / SP / EP / ETP layout and how pipeline stages talk."""
+    return dict(
         tensor_model_parallel_size=parallel.tp,
         pipeline_model_parallel_size=parallel.pp,
         virtual_pipeline_model_parallel_size=parallel.vpp,
+        # Uneven stages: Megatron computes every stage's layer count and global layer offset
+        # from these two (transformer_block.get_num_layers_to_build,
+        # transformer_layer.get_transformer_layer_offset); conversion, export and resharding
+        # read the global index back from each layer's layer_number.
+        num_layers_in_first_pipeline_stage=parallel.num_layers_in_first_pipeline_stage,
+        num_layers_in_last_pipeline_stage=parallel.num_layers_in_last_pipeline_stage,
         context_parallel_size=parallel.cp,
         sequence_parallel=parallel.sp,
         expert_model_parallel_size=parallel.ep,
         expert_tensor_parallel_size=parallel.etp,
+        # gloo matches p2p messages between two ranks in posting order only; Megatron's batched
+        # p2p then swaps activations and gradients under interleaved PP=2 (both directions carry
+        # both). The unbatched path puts the two directions on different groups.
+        batch_p2p_comm=on_gpu,
+    )
+
+
+def _precision_and_kernel_kwargs(model: ModelConfig, impl: str, on_gpu: bool) -> dict:
+    """Parameter dtype, where weights are initialised, and which fused kernels may run."""
+    dtype = resolve_params_dtype(model, on_gpu)
+    fused = on_gpu and impl == "transformer_engine"
+    return dict(
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        pipeline_dtype=dtype,
         use_cpu_initialization=not on_gpu,
         perform_initialization=True,
         # Fusions need CUDA kernels (apex / TE); the local path computes the same thing unfused.
@@ -143,26 +189,7 @@ def transformer_config_kwargs(model: ModelConfig, parallel: ParallelConfig,
         bias_dropout_fusion=fused,
         apply_rope_fusion=fused,
         gradient_accumulation_fusion=False,
-        init_method_std=0.02,
-        # gloo matches p2p messages between two ranks in posting order only; Megatron's batched
-        # p2p then swaps activations and gradients under interleaved PP=2 (both directions carry
-        # both). The unbatched path puts the two directions on different groups.
-        batch_p2p_comm=on_gpu,
     )
-    if parallel.cp > 1 and impl == "transformer_engine":
-        kwargs.update(cp_comm_type=cp_comm_type(parallel))
-    if model.num_experts > 0:
-        kwargs.update(_moe_kwargs(model, on_gpu))
-    if model.recompute != "none":
-        kwargs.update(recompute_granularity=model.recompute,
-                      recompute_method="uniform" if model.recompute == "full" else None,
-                      recompute_num_layers=1 if model.recompute == "full" else None)
-    if model.fp8.enabled:
-        if impl != "transformer_engine":
-            raise ConfigError("model.fp8.enabled: FP8 needs Transformer Engine "
-                              "(model.transformer_impl=transformer_engine, on a GPU)")
-        kwargs.update(_fp8_kwargs(model))
-    return kwargs
 
 
 def cp_comm_type(parallel: ParallelConfig) -> str:

@@ -1,4 +1,4 @@
-"""Built-in reward functions: ``math_verify``, ``exact_match`` and ``format``.
+"""Built-in reward functions: ``math_verify``, ``exact_match``, ``format`` and ``tiny_addition``.
 
 All return 1.0 or 0.0. ``math_verify`` checks mathematical equivalence with the math-verify
 package (``1/2`` equals ``\\frac{1}{2}`` equals ``0.5``). math-verify bounds its own run time with
@@ -6,6 +6,10 @@ package (``1/2`` equals ``\\frac{1}{2}`` equals ``0.5``). math-verify bounds its
 rewards from worker threads, so the package's timeouts are switched off here
 (``parsing_timeout=None``, ``timeout_seconds=None``) and the runner enforces
 ``RewardConfig.timeout_s`` itself.
+
+``tiny_addition`` scores the tiny CPU task (``tiny_task/task.py``: ``"12+34="`` -> ``"46"``): 1.0
+when the digits generated before the tokenizer's eos token (or the end of the text) are exactly
+the answer. It reads only the task's vocabulary (``tiny_task/vocab.py``), a leaf module.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from gspo_megatron.rewards.answers import (
     normalize_answer,
 )
 from gspo_megatron.rewards.registry import register_reward
+from gspo_megatron.tiny_task.vocab import EOS_TOKEN
 
 
 def _gold_for_math_verify(answer: str) -> str:
@@ -56,3 +61,15 @@ def format_reward(response: str, answer: str = "", metadata: Optional[Mapping] =
     if content is None or not content.strip():
         return 0.0
     return 1.0 if response.count("\\boxed{") == 1 else 0.0
+
+
+def extract_generated_digits(response: str) -> str:
+    """The response up to the first eos token (if the decoder kept it), stripped of spaces."""
+    return response.split(EOS_TOKEN, 1)[0].strip()
+
+
+@register_reward("tiny_addition")
+def addition_reward(response: str, answer: str, metadata: Optional[Mapping] = None) -> float:
+    """1.0 when the digits before eos are exactly the answer's digits, else 0.0."""
+    generated = extract_generated_digits(response)
+    return 1.0 if generated.isdigit() and generated == str(answer).strip() else 0.0

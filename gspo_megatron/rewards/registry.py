@@ -2,9 +2,10 @@
 
 A reward function has the signature ``fn(response: str, answer: str, metadata: Mapping | None)
 -> float`` and returns a value in [0, 1] (GSPO's advantage assumes bounded rewards). Built-in
-rewards register themselves with ``@register_reward("name")``; a user function is named
-``"package.module:function"`` and is imported on first use, so a run can plug in its own
-verifier without touching this package.
+rewards register themselves with ``@register_reward("name")`` in ``builtin.py``, which the
+package's ``__init__`` imports, so they are registered whenever this module is; a user function
+is named ``"package.module:function"`` and is imported on first use, so a run can plug in its
+own verifier without touching this package.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from typing import Callable, Dict, Mapping, Optional
 RewardFn = Callable[[str, str, Optional[Mapping]], float]
 
 _REGISTRY: Dict[str, RewardFn] = {}
-# Modules whose import registers the built-in rewards (imported lazily on first lookup).
-_BUILTIN_MODULES = ("gspo_megatron.rewards.builtin", "gspo_megatron.tiny_task.task")
 
 
 class RewardLookupError(ValueError):
@@ -37,14 +36,8 @@ def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
     return decorator
 
 
-def _load_builtins() -> None:
-    for module in _BUILTIN_MODULES:
-        importlib.import_module(module)
-
-
 def registered_rewards() -> list:
     """Sorted names of all registered rewards."""
-    _load_builtins()
     return sorted(_REGISTRY)
 
 
@@ -66,8 +59,7 @@ def get_reward_fn(name: str) -> RewardFn:
     """The registered reward ``name``, or the user function ``module:function``."""
     if ":" in name:
         return _import_user_fn(name)
-    _load_builtins()
     if name not in _REGISTRY:
         raise RewardLookupError(f"unknown reward '{name}'; registered rewards: "
-                                f"{', '.join(sorted(_REGISTRY))} (or give 'module:function')")
+                                f"{', '.join(registered_rewards())} (or give 'module:function')")
     return _REGISTRY[name]

@@ -2,7 +2,11 @@
 
 - ``types``: SamplingParams, GenerationRequest, Sample, RolloutEngine, WeightTransport.
 - ``embedded``: in-process transformers engine (the CPU default).
-- ``sglang_engine`` / ``sglang_client`` / ``sglang_api`` / ``sglang_launcher``: SGLang fleet.
-- ``reference_server``: SGLang's HTTP API subset on the embedded engine, for CPU machines.
+- ``sglang_api`` (SGLang 0.5.23's names and bodies), ``sglang_client`` (one server),
+  ``server_pool`` (membership), ``sglang_control`` (pause / abort / session / flush / continue,
+  memory release), ``sglang_engine`` (the fleet), ``sglang_launcher`` (server processes).
+- ``reference_server`` (+ ``reference_requests``, ``reference_scheduler``,
+  ``reference_weights``, ``handle_unpickler``): the strict CPU stand-in for SGLang.
+- ``update_group``, ``flat_bucket``: the broadcast group and SGLang's flat bucket layout.
 - ``factory.build_engine``: an engine from ``RolloutConfig``.
 """

@@ -5,7 +5,12 @@ Holds the Hugging Face form of the current policy (loaded from a directory, or a
 padding, and reports per-token log-probs (semantics in :mod:`rollout.sampling`). Each sample
 draws from its own generator seeded by (seed, prompt_id, sample_index), so the same seed gives
 the same samples for any batch size. New weights arrive by HF name through
-:meth:`load_weights` (the in-process transport) or :meth:`load_weights_from_disk`.
+:meth:`load_weights` (the in-process transport) or :meth:`load_weights_from_disk` (the disk
+transport); ``engine.update_weights`` needs one attached (weight_sync.build_transport).
+
+``generation_context``: a context manager entered around each forward pass. The trainer passes
+the Megatron CPU-compatibility module's ``device_redirect_suspended`` (the engine itself never
+imports the learner's packages; a rollout server process has none of them).
 
     engine = EmbeddedEngine.from_pretrained("path/to/hf_dir")
     samples = engine.generate([GenerationRequest("p0", ids, n=4)], SamplingParams(seed=1))
@@ -13,13 +18,14 @@ the same samples for any batch size. New weights arrive by HF name through
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -49,7 +55,8 @@ class EmbeddedEngine(RolloutEngine):
 
     def __init__(self, model, tokenizer=None, max_batch_size: int = 256,
                  logprob_mode: str = "scaled", weight_version: Optional[str] = None,
-                 lean_decode: bool = True) -> None:
+                 lean_decode: bool = True,
+                 generation_context: Callable[[], ContextManager] = contextlib.nullcontext) -> None:
         super().__init__()
         if logprob_mode not in LOGPROB_MODES:
             raise ValueError(f"logprob_mode must be one of {LOGPROB_MODES}, got {logprob_mode!r}")
@@ -60,6 +67,7 @@ class EmbeddedEngine(RolloutEngine):
         self.weight_version = weight_version
         self.lean_decode = lean_decode
         """Decode Qwen3 / Qwen3-MoE with :class:`Qwen3Decoder` (False: the model's HF forward)."""
+        self.generation_context = generation_context
         self.device = next(model.parameters()).device
         self._lock = threading.Lock()  # one forward pass / weight load at a time
         self._eos_ids = self._find_eos_ids()
@@ -112,24 +120,30 @@ class EmbeddedEngine(RolloutEngine):
         return samples
 
     def generate_token_ids(self, prompts: List[List[int]], seeds: List[Optional[int]],
-                           params: SamplingParams) -> List[GeneratedRow]:
-        """Generate one response per prompt, row i drawing from a generator seeded ``seeds[i]``."""
+                           params: SamplingParams,
+                           should_stop: Optional[Callable[[], Sequence[bool]]] = None) -> List[GeneratedRow]:
+        """Generate one response per prompt, row i drawing from a generator seeded ``seeds[i]``.
+
+        ``should_stop`` (one batch at a time): called before every decoding step, returns one flag
+        per row; a flagged row ends with finish reason ``abort`` (cancellation, as SGLang's
+        abort_request), keeping the tokens it has.
+        """
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; pass one to EmbeddedEngine")
-        # Imported here: the rollout package must not import the learner's packages at import
-        # time (a rollout node loads only gspo_megatron.rollout; tests/test_rollout_factory.py).
-        from gspo_megatron.distributed.cpu_compat import device_redirect_suspended
-
+        if should_stop is not None and len(prompts) > self.max_batch_size:
+            raise ValueError("should_stop needs the prompts in one batch (max_batch_size)")
         out: List[GeneratedRow] = []
         for start in range(0, len(prompts), self.max_batch_size):
             end = start + self.max_batch_size
-            with self._lock, device_redirect_suspended():
-                out.extend(self._generate_rows(prompts[start:end], seeds[start:end], params))
+            with self._lock, self.generation_context():
+                out.extend(self._generate_rows(prompts[start:end], seeds[start:end], params,
+                                               should_stop))
         return out
 
     @torch.no_grad()
     def _generate_rows(self, prompts: List[List[int]], seeds: List[Optional[int]],
-                       params: SamplingParams) -> List[GeneratedRow]:
+                       params: SamplingParams,
+                       should_stop: Optional[Callable[[], Sequence[bool]]] = None) -> List[GeneratedRow]:
         rows = [GeneratedRow([], []) for _ in prompts]
         gens = make_generators(seeds)
         input_ids, attention = self._left_pad(prompts)
@@ -137,6 +151,12 @@ class EmbeddedEngine(RolloutEngine):
         decoder = make_decoder(self.model, lean=self.lean_decode)
         logits = decoder.prefill(input_ids, attention, params.max_new_tokens)
         for _ in range(params.max_new_tokens):
+            if should_stop is not None:
+                for row, stop in zip(rows, should_stop()):
+                    if stop and row.finish_reason is None:
+                        row.finish_reason = "abort"
+                if all(r.finish_reason is not None for r in rows):
+                    break
             scaled, sampling = process_logits(logits, params.temperature, params.top_p)
             tokens = draw_tokens(sampling, gens)
             lps = select_logprobs(scaled, sampling, tokens, self.logprob_mode)
@@ -206,39 +226,31 @@ class EmbeddedEngine(RolloutEngine):
         files = sorted(glob.glob(os.path.join(path, "*.safetensors"))) if os.path.isdir(path) else [path]
         if not files or not all(os.path.isfile(f) for f in files):
             raise FileNotFoundError(f"{path}: no .safetensors files to load")
-        total = WeightSyncStats()
+        total = WeightSyncStats(num_buckets=len(files))  # one file, one bucket
         t0 = time.perf_counter()
         for f in files:
             part = self.load_weights(load_file(f).items())
             total.num_tensors += part.num_tensors
             total.num_bytes += part.num_bytes
-            total.num_buckets += 1
         total.seconds = time.perf_counter() - t0
         return total
 
-    def update_weights(self, named_tensors: NamedTensors,
-                       weight_version: Optional[str] = None) -> WeightSyncStats:
-        """Through the attached transport if any, else a direct in-process load."""
-        if self._transport is not None:
-            stats = super().update_weights(named_tensors, weight_version)
-        else:
-            stats = self.load_weights(named_tensors)
-            stats.num_buckets = 1
-            self.metrics.last_weight_sync = stats
+    def finish_weight_update(self, weight_version: Optional[str]) -> Dict[str, float]:
         if weight_version is not None:
             self.weight_version = weight_version
-        return stats
+        return {}
 
     # --- memory and lifecycle ---------------------------------------------------------------
     def release_memory(self) -> None:
-        """On GPU, move the model to host memory; a no-op on CPU."""
+        """On GPU, move the model to host memory; a no-op on CPU (the KV cache lives only
+        during a generate call)."""
         if self.device.type == "cuda":
             with self._lock:
                 self.model.to("cpu")
                 torch.cuda.empty_cache()
 
-    def resume_memory(self) -> None:
-        if self.device.type == "cuda":
+    def resume_memory(self, tags: Optional[Sequence[str]] = None) -> None:
+        if self.device.type == "cuda" and (tags is None or "weights" in tags):
             with self._lock:
                 self.model.to(self.device)
 

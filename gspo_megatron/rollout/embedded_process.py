@@ -139,18 +139,11 @@ class EmbeddedProcessEngine(RolloutEngine):
         stats.seconds = time.perf_counter() - t0
         return stats
 
-    def update_weights(self, named_tensors: NamedTensors,
-                       weight_version: Optional[str] = None) -> WeightSyncStats:
-        """Through the attached transport if any, else a direct load."""
-        if self._transport is not None:
-            stats = super().update_weights(named_tensors, weight_version)
-        else:
-            stats = self.load_weights(named_tensors)
-            stats.num_buckets = 1
-            self.metrics.last_weight_sync = stats
+    def finish_weight_update(self, weight_version: Optional[str]) -> Dict[str, float]:
+        """The protocol's last phase (weight_sync/sync.py): later generations carry the version."""
         if weight_version is not None:
             self.weight_version = weight_version
-        return stats
+        return {}
 
     def health(self) -> bool:
         return self._proc.is_alive()

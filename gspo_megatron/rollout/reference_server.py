@@ -1,21 +1,27 @@
-"""Reference rollout server: SGLang's native HTTP API (the subset we use) on the embedded engine.
+"""Reference rollout server: SGLang 0.5.23's native HTTP API (the part we use) on the embedded engine.
 
-Lets the disaggregated mode (learner and rollout in different processes or nodes) run end to end
-on machines without GPUs, and is the server the SGLang client is tested against. Request and
-response bodies follow :mod:`rollout.sglang_api` (SGLang's exact field names); weight updates go
-through a torch.distributed group (gloo on CPU), a safetensors directory, or not at all
-(``/update_weights_from_tensor`` needs CUDA IPC and answers 400 here). Unknown ``/generate``
-fields are refused with 400, so a client that drifts from the documented schema fails loudly.
+Lets the disaggregated and colocated modes run end to end on machines without GPUs, and is the
+strict stand-in the SGLang client is tested against: every rule below is SGLang's (file names are
+sglang's), or stricter where SGLang would misbehave silently; old client behaviour that the real
+server would refuse fails the tests here too.
 
-Concurrent ``/generate`` requests are batched: a worker thread takes what has queued (up to
-``max_batch_size``) and generates it in one pass; per-request ``sampling_seed`` keeps each
-sample independent of its batch-mates.
+- routes and methods: ``srt/entrypoints/http_server.py`` (``ROUTES``; checked against the wheel
+  by tests/test_rollout_sglang_conformance.py); a wrong method answers 405, an unknown path 404.
+- ``/generate``: :mod:`rollout.reference_requests` (JSON contract, context length, token ids);
+  waits while generation is paused; cancelled by ``/abort_request`` or a client disconnect.
+- ``/health`` and ``/health_generate`` generate one token (0.5.23 enables generation on both):
+  200 once any decoding step ran after the call, 503 after ``health_timeout_s`` (SGLang's
+  ``SGLANG_HEALTH_CHECK_TIMEOUT``, 20 s) or while memory is released.
+- pause / continue / abort / flush / memory: :mod:`rollout.reference_scheduler`; weight updates:
+  :mod:`rollout.reference_weights`.
+- ``/release_memory_occupation`` needs ``--enable-memory-saver`` (stricter: without it SGLang
+  answers 200 and frees nothing) and an idle server (SGLang's assertion and message).
 
 Fault injection for tests (:class:`FaultPlan`, or ``--fail-requests 3,5 --delay-s 0.5
 --exit-on-request 4 --hang-requests 2``): the k-th ``/generate`` request (1-based, counted on
 arrival) answers 500, sleeps, kills the process before answering, or hangs.
 
-    python -m gspo_megatron.rollout.reference_server --model-path DIR --port 30000
+    python -m gspo_megatron.rollout.reference_server --model-path DIR --port 30000 [--enable-memory-saver]
 """
 
 from __future__ import annotations
@@ -24,19 +30,37 @@ import argparse
 import json
 import logging
 import os
-import queue
+import select
+import socket
 import threading
 import time
-from dataclasses import dataclass, field
+import uuid
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, FrozenSet, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
 from gspo_megatron.rollout import sglang_api as api
 from gspo_megatron.rollout.embedded import EmbeddedEngine, GeneratedRow
+from gspo_megatron.rollout.reference_requests import ContractError, RequestError, parse_generate
+from gspo_megatron.rollout.reference_scheduler import Job, ReferenceScheduler, Refused
 from gspo_megatron.rollout.reference_weights import WeightReceiver
 from gspo_megatron.rollout.types import SamplingParams
 
 log = logging.getLogger(__name__)
+
+FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. (When there are running "
+           "or waiting requests, the operation will not be performed.)\n")
+
+ROUTES: Dict[str, Tuple[str, ...]] = {
+    api.GENERATE: ("POST", "PUT"), api.HEALTH: ("GET",), api.HEALTH_GENERATE: ("GET",),
+    api.MODEL_INFO: ("GET",), api.MODEL_INFO_DEPRECATED: ("GET",), api.SERVER_INFO: ("GET",),
+    api.FLUSH_CACHE: ("GET", "POST"), api.PAUSE: ("POST",), api.CONTINUE: ("POST",),
+    api.ABORT: ("POST",), api.RELEASE_MEMORY: ("GET", "POST"), api.RESUME_MEMORY: ("GET", "POST"),
+    api.BEGIN_UPDATE: ("POST",), api.END_UPDATE: ("POST",), api.INIT_GROUP: ("POST",),
+    api.DESTROY_GROUP: ("POST",), api.UPDATE_FROM_DISTRIBUTED: ("POST",),
+    api.UPDATE_FROM_TENSOR: ("POST",), api.UPDATE_FROM_DISK: ("POST",),
+    api.GET_WEIGHTS_BY_NAME: ("GET", "POST")}
+"""Every route the stand-in serves, with SGLang's methods for it."""
 
 
 @dataclass
@@ -54,28 +78,8 @@ class FaultPlan:
     hang_s: float = 3600.0
 
 
-@dataclass
-class _Job:
-    prompt: List[int]
-    seed: Optional[int]
-    params: SamplingParams
-    done: threading.Event = field(default_factory=threading.Event)
-    result: Optional[GeneratedRow] = None
-    error: Optional[str] = None
-
-
-def _params_from_json(sp: Dict[str, Any]) -> Tuple[SamplingParams, Optional[int]]:
-    unknown = set(sp) - api.SAMPLING_FIELDS
-    if unknown:
-        raise ValueError(f"sampling_params fields not supported by the reference server: {sorted(unknown)}")
-    stop = sp.get("stop") or ()
-    params = SamplingParams(temperature=float(sp.get("temperature", 1.0)),
-                            top_p=float(sp.get("top_p", 1.0)),
-                            max_new_tokens=int(sp.get("max_new_tokens", 128)),
-                            stop=(stop,) if isinstance(stop, str) else tuple(stop),
-                            stop_token_ids=tuple(sp.get("stop_token_ids") or ()))
-    seed = sp.get("sampling_seed")
-    return params, (int(seed) if seed is not None else None)
+def _error(message: str, status: int = 400) -> Tuple[int, Dict[str, Any]]:
+    return status, {"error": {"message": message}}
 
 
 class ReferenceServer:
@@ -83,20 +87,28 @@ class ReferenceServer:
 
     def __init__(self, engine: EmbeddedEngine, host: str = "127.0.0.1", port: int = 0,
                  faults: Optional[FaultPlan] = None, max_batch_size: int = 64,
-                 model_path: str = "") -> None:
+                 model_path: str = "", enable_memory_saver: bool = False,
+                 context_length: Optional[int] = None, health_timeout_s: float = 20.0,
+                 update_idle_timeout_s: float = 600.0, request_log_path: Optional[str] = None) -> None:
         self.engine = engine
         self.faults = faults or FaultPlan()
-        self.max_batch_size = max_batch_size
         self.model_path = model_path
-        self.weights = WeightReceiver(engine)
-        self.request_log: List[Tuple[str, Any]] = []
-        """Every (path, JSON body) received, for tests that check the client's fields."""
+        self.enable_memory_saver = enable_memory_saver
+        cfg = engine.model.config
+        self.context_length = int(context_length or getattr(cfg, "max_position_embeddings", 4096))
+        self.vocab_size = int(cfg.vocab_size)
+        self.health_timeout_s = health_timeout_s
+        self.scheduler = ReferenceScheduler(engine, max_batch_size)
+        self.weights = WeightReceiver(self.scheduler, update_idle_timeout_s)
+        self.request_log: List[Tuple[str, str, Any]] = []
+        """Every (method, path, JSON body) received, in arrival order (tests check the client)."""
+        self.request_log_path = request_log_path
+        """Also append ``{"method", "path"}`` lines here (tests of server processes)."""
         self._num_generate = 0
         self._counter_lock = threading.Lock()
-        self._jobs: "queue.Queue[Optional[_Job]]" = queue.Queue()
         self.httpd = ThreadingHTTPServer((host, port), self._handler_class())
         self.httpd.daemon_threads = True
-        self._threads: List[threading.Thread] = []
+        self._thread: Optional[threading.Thread] = None
 
     @property
     def address(self) -> str:
@@ -105,59 +117,24 @@ class ReferenceServer:
 
     # --- lifecycle --------------------------------------------------------------------------
     def start(self) -> "ReferenceServer":
-        for target in (self._batch_loop, self.httpd.serve_forever):
-            t = threading.Thread(target=target, daemon=True)
-            t.start()
-            self._threads.append(t)
+        self.scheduler.start()
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread.start()
         return self
 
     def serve_forever(self) -> None:
-        threading.Thread(target=self._batch_loop, daemon=True).start()
+        self.scheduler.start()
         self.httpd.serve_forever()
 
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
-        self._jobs.put(None)
-        for t in self._threads:
-            t.join(timeout=10)
+        self.scheduler.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
 
     # --- generation -------------------------------------------------------------------------
-    def _batch_loop(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            batch = [job]
-            while len(batch) < self.max_batch_size:
-                try:
-                    nxt = self._jobs.get(timeout=0.005)
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self._jobs.put(None)
-                    break
-                batch.append(nxt)
-            self._run_batch(batch)
-
-    def _run_batch(self, batch: List[_Job]) -> None:
-        groups: Dict[SamplingParams, List[_Job]] = {}
-        for job in batch:
-            groups.setdefault(job.params, []).append(job)
-        for params, jobs in groups.items():
-            try:
-                rows = self.engine.generate_token_ids([j.prompt for j in jobs],
-                                                      [j.seed for j in jobs], params)
-                for j, row in zip(jobs, rows):
-                    j.result = row
-            except Exception as exc:  # report to every waiting request, keep serving
-                log.exception("generation failed")
-                for j in jobs:
-                    j.error = f"{type(exc).__name__}: {exc}"
-            for j in jobs:
-                j.done.set()
-
-    def handle_generate(self, body: Dict[str, Any]) -> Tuple[int, Any]:
+    def _inject_faults(self) -> Optional[Tuple[int, Any]]:
         with self._counter_lock:
             self._num_generate += 1
             ordinal = self._num_generate
@@ -170,54 +147,137 @@ class ReferenceServer:
         if f.delay_s:
             time.sleep(f.delay_s)
         if ordinal in f.fail_requests:
-            return 500, {"error": {"message": f"injected failure on request {ordinal}"}}
-        unknown = set(body) - api.GENERATE_FIELDS
-        if unknown:
-            return 400, {"error": {"message": f"unsupported /generate fields: {sorted(unknown)}"}}
-        ids = body.get("input_ids")
-        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
-            return 400, {"error": {"message": "input_ids must be a non-empty list of ints"}}
-        try:
-            params, seed = _params_from_json(body.get("sampling_params") or {})
-        except (ValueError, TypeError) as exc:
-            return 400, {"error": {"message": str(exc)}}
-        t0 = time.perf_counter()
-        job = _Job(ids, seed, params)
-        self._jobs.put(job)
-        job.done.wait()
-        if job.error is not None:
-            return 500, {"error": {"message": job.error}}
-        return 200, self._response(body, job.result, len(ids), time.perf_counter() - t0)
+            return _error(f"injected failure on request {ordinal}", 500)
+        return None
 
-    def _response(self, body: Dict[str, Any], row: GeneratedRow, prompt_len: int,
-                  latency: float) -> Dict[str, Any]:
+    def handle_generate(self, body: Any, client_gone: Callable[[], bool]) -> Optional[Tuple[int, Any]]:
+        injected = self._inject_faults()
+        if injected:
+            return injected
+        try:
+            rid, ids, params, seed, want_logprobs = parse_generate(body, self.vocab_size,
+                                                                   self.context_length)
+        except ContractError as exc:
+            return 400, {"error": str(exc)}
+        except RequestError as exc:
+            return _error(str(exc))
+        job = Job(rid or uuid.uuid4().hex, ids, seed, params)
+        t0 = time.perf_counter()
+        try:
+            while not self.scheduler.submit(job, gate_timeout_s=0.2):  # paused: wait at the gate
+                if client_gone():
+                    return None
+        except Refused as exc:
+            return _error(str(exc))
+        while not job.done.wait(0.1):
+            if client_gone():  # SGLang aborts a request whose client disconnected
+                self.scheduler.abort(job.rid)
+                job.done.wait()
+                return None
+        if job.error is not None:
+            return _error(job.error, 500)
+        return 200, self._response(job, job.result, len(ids), time.perf_counter() - t0, want_logprobs)
+
+    def _response(self, job: Job, row: GeneratedRow, prompt_len: int, latency: float,
+                  want_logprobs: bool) -> Dict[str, Any]:
         reason = row.finish_reason or "length"
         finish = ({"type": "stop", "matched": row.matched} if reason == "stop"
-                  else {"type": "length", "length": len(row.tokens)})
+                  else {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+                  if reason == "abort" else {"type": "length", "length": len(row.tokens)})
         tok = self.engine.tokenizer
         text = tok.decode(row.tokens) if tok is not None else ""
-        return api.generate_response(str(body.get("rid") or ""), prompt_len, row.tokens,
-                                     row.logprobs, finish, latency, text, self.engine.weight_version)
+        out = api.generate_response(job.rid, prompt_len, row.tokens, row.logprobs, finish, latency,
+                                    text, self.weight_version)
+        if not want_logprobs:
+            for key in ("output_token_logprobs", "output_token_logprobs_length"):
+                out["meta_info"].pop(key)
+        return out
 
-    # --- routing ----------------------------------------------------------------------------
-    def route(self, method: str, path: str, body: Any) -> Tuple[int, Any]:
-        self.request_log.append((path, body))
-        if path == api.GENERATE and method == "POST":
-            return self.handle_generate(body or {})
-        if path in (api.HEALTH, "/health_generate"):
-            return 200, None
-        if path == api.MODEL_INFO:
-            return 200, {"model_path": self.model_path, "is_generation": True,
-                         "weight_version": self.engine.weight_version}
-        if path == api.FLUSH_CACHE:
-            return 200, "Cache flushed.\n"
+    @property
+    def weight_version(self) -> str:
+        return self.engine.weight_version or "default"  # server_args.weight_version's default
+
+    def handle_health(self) -> Tuple[int, Any]:
+        """http_server.health_generate: any decoding progress after the call within the timeout."""
+        if self.scheduler.released & {"weights", "kv_cache"}:
+            return 503, ""
+        tic = time.monotonic()
+        job = Job(f"HEALTH_CHECK_{uuid.uuid4().hex}", [0], None, SamplingParams(max_new_tokens=1))
+        try:
+            admitted = self.scheduler.submit(job, gate_timeout_s=self.health_timeout_s)
+        except Refused:
+            return 503, ""
+        deadline = tic + self.health_timeout_s
+        while admitted and time.monotonic() < deadline:
+            if job.done.wait(0.05) or self.scheduler.last_progress > tic:
+                return 200, ""
+        self.scheduler.abort(job.rid)
+        return 503, ""
+
+    # --- control ----------------------------------------------------------------------------
+    def handle_memory(self, path: str, body: Dict[str, Any]) -> Tuple[int, Any]:
+        tags = body.get("tags") or list(api.MEMORY_TAGS)
+        unknown = sorted(set(tags) - set(api.MEMORY_TAGS))
+        if unknown:
+            return _error(f"unknown memory tags {unknown}; expected {list(api.MEMORY_TAGS)}")
+        sched = self.scheduler
         if path == api.RELEASE_MEMORY:
-            self.engine.release_memory()
+            if not self.enable_memory_saver:
+                return _error("release_memory_occupation needs a server started with "
+                              "--enable-memory-saver (reference server rule: without it SGLang "
+                              "answers 200 and frees nothing)")
+            if not sched.is_idle():
+                return _error("release_memory_occupation should be called only when server is idle.")
+            if "kv_cache" in tags:
+                sched.flush()
+            sched.released |= set(tags)
             return 200, None
-        if path == api.RESUME_MEMORY:
-            self.engine.resume_memory()
-            return 200, None
-        return self.weights.route(path, body or {})
+        missing = sorted(set(tags) - sched.released)
+        if missing:
+            return _error(f"resume_memory_occupation: {missing} not released "
+                          "(a KeyError in SGLang's scheduler)")
+        sched.released -= set(tags)
+        return 200, None
+
+    def route(self, method: str, path: str, body: Any,
+              client_gone: Callable[[], bool] = lambda: False) -> Optional[Tuple[int, Any]]:
+        self.request_log.append((method, path, body))
+        if self.request_log_path:
+            with self._counter_lock, open(self.request_log_path, "a") as f:
+                f.write(json.dumps({"method": method, "path": path}) + "\n")
+        if path not in ROUTES:
+            return 404, {"detail": "Not Found"}
+        if method not in ROUTES[path]:
+            return 405, {"detail": "Method Not Allowed"}
+        body = body if body is not None else {}
+        if path == api.GENERATE:
+            return self.handle_generate(body, client_gone)
+        if path in (api.HEALTH, api.HEALTH_GENERATE):
+            return self.handle_health()
+        if path in (api.MODEL_INFO, api.MODEL_INFO_DEPRECATED):
+            return 200, {"model_path": self.model_path, "is_generation": True,
+                         "weight_version": self.weight_version, "load_format": "auto"}
+        if path == api.SERVER_INFO:
+            return 200, {"version": api.SGLANG_VERSION, "frontend": "python",
+                         "model_path": self.model_path, "context_length": self.context_length,
+                         "enable_memory_saver": self.enable_memory_saver, "reference_server": True}
+        if path == api.FLUSH_CACHE:
+            return (200, FLUSHED) if self.scheduler.flush() else (400, "Flush cache failed.\n")
+        if path == api.PAUSE:
+            try:
+                self.scheduler.pause(body.get("mode", "abort"))
+            except Refused as exc:
+                return 400, {"object": "error", "message": str(exc), "type": "Bad Request", "code": 400}
+            return 200, {"message": "Generation paused successfully.", "status": "ok"}
+        if path == api.CONTINUE:
+            self.scheduler.resume_generation()
+            return 200, {"message": "Generation continued successfully.", "status": "ok"}
+        if path == api.ABORT:
+            self.scheduler.abort(str(body.get("rid") or ""), bool(body.get("abort_all")))
+            return 200, ""
+        if path in (api.RELEASE_MEMORY, api.RESUME_MEMORY):
+            return self.handle_memory(path, body)
+        return self.weights.route(path, body)
 
     def _handler_class(self):
         server = self
@@ -225,15 +285,26 @@ class ReferenceServer:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
+            def _client_gone(self) -> bool:
+                try:
+                    readable, _, _ = select.select([self.connection], [], [], 0)
+                    return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+                except OSError:
+                    return True
+
             def _serve(self, method: str) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
                 try:
                     body = json.loads(raw) if raw else None
                 except json.JSONDecodeError as exc:
-                    status, out = 400, {"error": {"message": f"invalid JSON: {exc}"}}
+                    answer = (400, {"error": {"message": f"invalid JSON: {exc}"}})
                 else:
-                    status, out = server.route(method, self.path.split("?")[0], body)
+                    answer = server.route(method, self.path.split("?")[0], body, self._client_gone)
+                if answer is None:  # the client is gone: nothing to write
+                    self.close_connection = True
+                    return
+                status, out = answer
                 data = (out if isinstance(out, str) else json.dumps(out)).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "text/plain" if isinstance(out, str)
@@ -247,6 +318,9 @@ class ReferenceServer:
 
             def do_POST(self) -> None:
                 self._serve("POST")
+
+            def do_PUT(self) -> None:
+                self._serve("PUT")
 
             def log_message(self, fmt: str, *args) -> None:
                 log.debug("%s " + fmt, self.address_string(), *args)
@@ -265,6 +339,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--max-batch-size", type=int, default=64)
     p.add_argument("--logprob-mode", default="scaled", choices=("scaled", "sampled"))
+    p.add_argument("--enable-memory-saver", action="store_true",
+                   help="allow /release_memory_occupation (SGLang's flag of the same name)")
+    p.add_argument("--context-length", type=int, default=None,
+                   help="default: the model's max_position_embeddings")
+    p.add_argument("--request-log", default=None, help="append one JSON line per request here")
     p.add_argument("--fail-requests", type=_int_set, default=frozenset())
     p.add_argument("--hang-requests", type=_int_set, default=frozenset())
     p.add_argument("--exit-on-request", type=int, default=None)
@@ -275,11 +354,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    engine = EmbeddedEngine.from_pretrained(args.model_path, logprob_mode=args.logprob_mode)
+    engine = EmbeddedEngine.from_pretrained(args.model_path, logprob_mode=args.logprob_mode,
+                                            max_batch_size=args.max_batch_size)
     faults = FaultPlan(fail_requests=args.fail_requests, hang_requests=args.hang_requests,
                        exit_on_request=args.exit_on_request, delay_s=args.delay_s)
     server = ReferenceServer(engine, args.host, args.port, faults, args.max_batch_size,
-                             model_path=args.model_path)
+                             model_path=args.model_path, enable_memory_saver=args.enable_memory_saver,
+                             context_length=args.context_length, request_log_path=args.request_log)
     log.info("reference server for %s listening on %s", args.model_path, server.address)
     try:
         server.serve_forever()

@@ -1,39 +1,43 @@
-"""The subset of SGLang's native HTTP API we use: request bodies and response parsing.
+"""SGLang 0.5.23's native HTTP API as we use it: endpoint names, request bodies, response parsing.
 
-One place owns the field names, checked against sglang 0.5.23
-(``srt/entrypoints/http_server.py``, ``srt/managers/io_struct.py``,
-``srt/sampling/sampling_params.py``); both the client (:mod:`rollout.sglang_engine`) and the
-CPU stand-in (:mod:`rollout.reference_server`) import them, so they cannot drift apart.
+One place owns the names, read from the pinned wheel (``sglang==0.5.23``):
+``srt/entrypoints/http_server.py`` (routes, status codes), ``srt/managers/io_struct.py`` (admin
+request types), ``api/v1/api_types.py`` (the JSON contract of ``/generate``: unknown
+``sampling_params`` keys are rejected) and ``srt/constants.py`` (memory tags). Both the client
+(:mod:`rollout.sglang_client`) and the CPU stand-in (:mod:`rollout.reference_server`) import them,
+and ``tests/test_rollout_sglang_conformance.py`` checks every body against the field lists that
+``tools/extract_sglang_api.py`` extracted from the wheel (``tests/data/sglang_api_0.5.23.json``).
 
-Endpoints (all JSON):
-- ``POST /generate`` ``{rid, input_ids, sampling_params, return_logprob, stream}`` ->
-  ``{text?, output_ids, meta_info: {id, finish_reason, prompt_tokens, completion_tokens,
-  output_token_logprobs: [[logprob, token_id, null], ...], e2e_latency, weight_version}}``
-- ``POST /init_weights_update_group`` ``{master_address, master_port, rank_offset, world_size,
-  group_name, backend}`` -> ``{success, message}``
-- ``POST /update_weights_from_distributed`` ``{names, dtypes, shapes, group_name, flush_cache,
-  weight_version, load_format}`` -> ``{success, message}``
-- ``POST /destroy_weights_update_group`` ``{group_name}`` -> ``{success, message}``
-- ``POST /update_weights_from_tensor`` ``{serialized_named_tensors, load_format, flush_cache,
-  weight_version}`` -> ``{success, message}``
-- ``POST /update_weights_from_disk`` ``{model_path, load_format, flush_cache, weight_version}``
-  -> ``{success, message, num_paused_requests}``
-- ``POST /flush_cache``; ``POST /release_memory_occupation`` / ``/resume_memory_occupation``
-  ``{tags}``; ``GET /health``; ``GET /get_model_info``;
-  ``POST /get_weights_by_name`` ``{name, truncate_size}`` -> first values of the parameter.
+The weight-update protocol (docs/rollout.md): ``/pause_generation {mode: abort}`` ->
+``/abort_request {rid}`` for every request id still outstanding -> ``/begin_weight_update`` ->
+buckets (``/update_weights_from_distributed`` or ``/update_weights_from_tensor``, refused outside
+a session) -> ``/end_weight_update`` (runs the post-load processing) -> ``/flush_cache`` (refused
+while requests run) -> ``/continue_generation``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from gspo_megatron.rollout.types import SamplingParams
 
+SGLANG_VERSION = "0.5.23"
+"""The one SGLang version the client speaks (the image and the ``gpu`` extra pin it)."""
+
 GENERATE = "/generate"
 HEALTH = "/health"
-MODEL_INFO = "/get_model_info"
+HEALTH_GENERATE = "/health_generate"
+"""Generates one token (http_server.health_generate): 200 once any output arrives, else 503."""
+MODEL_INFO = "/model_info"
+MODEL_INFO_DEPRECATED = "/get_model_info"
+SERVER_INFO = "/server_info"
 FLUSH_CACHE = "/flush_cache"
+PAUSE = "/pause_generation"
+CONTINUE = "/continue_generation"
+ABORT = "/abort_request"
+BEGIN_UPDATE = "/begin_weight_update"
+END_UPDATE = "/end_weight_update"
 INIT_GROUP = "/init_weights_update_group"
 DESTROY_GROUP = "/destroy_weights_update_group"
 UPDATE_FROM_DISTRIBUTED = "/update_weights_from_distributed"
@@ -47,13 +51,47 @@ DEFAULT_GROUP_NAME = "weight_update_group"
 FLATTENED_BUCKET = "flattened_bucket"
 """``load_format`` under which SGLang receives one flat uint8 tensor per call (see buckets)."""
 
+MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")
+"""``srt/constants.py`` GPU_MEMORY_ALL_TYPES; no tags means all of them."""
+PAUSE_MODES = ("abort", "retract", "in_place")
+"""``io_struct.PauseGenerationReqInput.mode``; ``abort`` (the default) returns once nothing runs."""
+
 GENERATE_FIELDS = frozenset({"rid", "input_ids", "sampling_params", "return_logprob", "stream"})
+"""The ``/generate`` fields this client sends (a subset of api_types.GenerateRequest)."""
 SAMPLING_FIELDS = frozenset({"temperature", "top_p", "max_new_tokens", "stop", "stop_token_ids",
                              "sampling_seed", "no_stop_trim", "skip_special_tokens"})
+"""The ``sampling_params`` keys this client sends (and the reference server implements)."""
+SGLANG_SAMPLING_FIELDS = (
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k",
+    "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n",
+    "json_schema", "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens",
+    "spaces_between_special_tokens", "no_stop_trim", "stream_interval", "logit_bias",
+    "sampling_seed", "custom_params", "beam_width", "watermark", "choice")
+"""Every key SGLang accepts in ``sampling_params``, in api_types.SamplingParams order (the order
+its "unknown field" message lists them in)."""
 
 
 class ProtocolError(RuntimeError):
     """A server answered with a body that does not follow the documented schema."""
+
+
+class ServerRefused(RuntimeError):
+    """A server answered a control call with ``success: false`` or an HTTP 4xx."""
+
+    def __init__(self, server: str, endpoint: str, message: str) -> None:
+        super().__init__(f"rollout server {server} refused {endpoint}: {message}")
+        self.server, self.endpoint, self.message = server, endpoint, message
+
+
+def unknown_field_message(key: str, fields: Sequence[str]) -> str:
+    """SGLang's 400 text for a key outside a "rejected" struct (api_types._unknown_field)."""
+    if not fields:
+        return f"unknown field `{key}`, there are no fields"
+    if len(fields) == 1:
+        return f"unknown field `{key}`, expected `{fields[0]}`"
+    if len(fields) == 2:
+        return f"unknown field `{key}`, expected `{fields[0]}` or `{fields[1]}`"
+    return f"unknown field `{key}`, expected one of " + ", ".join(f"`{f}`" for f in fields)
 
 
 def generate_payload(rid: str, prompt_token_ids: List[int], params: SamplingParams,
@@ -137,6 +175,30 @@ def generate_response(rid: str, prompt_len: int, token_ids: List[int], logprobs:
                           "output_token_logprobs_length": len(token_ids)}}
 
 
+# ---- control bodies (io_struct request types; only fields we set, the rest take defaults) ---
+
+def pause_payload(mode: str = "abort") -> Dict[str, Any]:
+    if mode not in PAUSE_MODES:
+        raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+    return {"mode": mode}
+
+
+def abort_payload(rid: Optional[str] = None, abort_all: bool = False) -> Dict[str, Any]:
+    if not abort_all and not rid:
+        raise ValueError("abort_payload needs a request id or abort_all=True")
+    return {"abort_all": True} if abort_all else {"rid": rid}
+
+
+def memory_payload(tags: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """``/release_memory_occupation`` / ``/resume_memory_occupation`` body; None: every tag."""
+    if tags is None:
+        return {}
+    unknown = sorted(set(tags) - set(MEMORY_TAGS))
+    if unknown:
+        raise ValueError(f"unknown memory tags {unknown}; SGLang knows {list(MEMORY_TAGS)}")
+    return {"tags": list(tags)}
+
+
 def init_group_payload(master_address: str, master_port: int, rank_offset: int, world_size: int,
                        group_name: str = DEFAULT_GROUP_NAME, backend: str = "nccl") -> Dict[str, Any]:
     return {"master_address": master_address, "master_port": int(master_port),
@@ -145,9 +207,11 @@ def init_group_payload(master_address: str, master_port: int, rank_offset: int, 
 
 
 def update_distributed_payload(names: List[str], dtypes: List[str], shapes: List[List[int]],
-                               group_name: str = DEFAULT_GROUP_NAME, flush_cache: bool = True,
+                               group_name: str = DEFAULT_GROUP_NAME, flush_cache: bool = False,
                                weight_version: Optional[str] = None,
                                load_format: Optional[str] = FLATTENED_BUCKET) -> Dict[str, Any]:
+    """One bucket's metadata. ``flush_cache`` is False: the protocol flushes once, after
+    ``/end_weight_update`` (a flush per bucket would be refused while anything runs)."""
     body: Dict[str, Any] = {"names": list(names), "dtypes": list(dtypes),
                             "shapes": [list(s) for s in shapes], "group_name": group_name,
                             "flush_cache": flush_cache, "load_format": load_format}
@@ -156,7 +220,17 @@ def update_distributed_payload(names: List[str], dtypes: List[str], shapes: List
     return body
 
 
-def update_disk_payload(model_path: str, flush_cache: bool = True,
+def update_tensor_payload(serialized: List[str], flush_cache: bool = False,
+                          weight_version: Optional[str] = None) -> Dict[str, Any]:
+    """``serialized``: one base64 blob per server TP rank (each rank opens only its own)."""
+    body: Dict[str, Any] = {"serialized_named_tensors": list(serialized), "load_format": None,
+                            "flush_cache": flush_cache}
+    if weight_version is not None:
+        body["weight_version"] = weight_version
+    return body
+
+
+def update_disk_payload(model_path: str, flush_cache: bool = False,
                         weight_version: Optional[str] = None) -> Dict[str, Any]:
     body: Dict[str, Any] = {"model_path": model_path, "flush_cache": flush_cache}
     if weight_version is not None:
@@ -171,3 +245,17 @@ def check_success(endpoint: str, body: Any) -> str:
     if not body["success"]:
         raise RuntimeError(f"{endpoint} failed: {body.get('message', '')}")
     return str(body.get("message", ""))
+
+
+def error_message(body: Any) -> str:
+    """The message of an SGLang error body: ``{"error": {"message"}}`` (_create_error_response),
+    ``{"error": "..."}`` (the /generate contract gate), ``{"message"}`` (ErrorResponse) or text."""
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if "message" in body:
+            return str(body["message"])
+    return str(body)[:300]

@@ -1,15 +1,18 @@
 """HTTP client of one SGLang server (or reference server): one method per endpoint we use.
 
 Thread-safe (one ``requests.Session`` per thread). Transport failures (connection refused or
-reset, timeouts, HTTP 5xx) raise :class:`ServerUnavailable` so that callers can retry on
-another server; a 4xx or a body outside the schema raises at once (retrying would not help).
+reset, timeouts, HTTP 5xx) raise :class:`ServerUnavailable` so that callers can retry on another
+server; a refusal (HTTP 4xx, ``success: false``) raises :class:`sglang_api.ServerRefused` naming
+the server, the endpoint and SGLang's own message; a body outside the schema raises
+:class:`sglang_api.ProtocolError`. Status codes and bodies follow sglang 0.5.23's
+``srt/entrypoints/http_server.py``.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import requests
 
@@ -21,11 +24,23 @@ log = logging.getLogger(__name__)
 class ServerUnavailable(RuntimeError):
     """The server did not answer in time, or answered 5xx: try another one."""
 
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+        """The server may still be working on the request (the client gave up waiting)."""
+
+
+def _json_or_text(resp: requests.Response) -> Any:
+    try:
+        return resp.json()
+    except ValueError:
+        return resp.text
+
 
 class SGLangServerClient:
     """Calls on ``http://host:port`` with a per-call timeout."""
 
-    def __init__(self, address: str, timeout_s: float = 600.0) -> None:
+    def __init__(self, address: str, timeout_s: float = 600.0, control_timeout_s: float = 600.0) -> None:
         if "://" in address:
             address = address.split("://", 1)[1]
         if ":" not in address:
@@ -33,6 +48,7 @@ class SGLangServerClient:
         self.address = address.rstrip("/")
         self.base_url = f"http://{self.address}"
         self.timeout_s = timeout_s
+        self.control_timeout_s = control_timeout_s
         self._local = threading.local()
 
     def _session(self) -> requests.Session:
@@ -46,69 +62,106 @@ class SGLangServerClient:
         try:
             resp = self._session().request(method, self.base_url + path, json=body,
                                            timeout=timeout_s or self.timeout_s)
-        except (requests.ConnectionError, requests.Timeout) as exc:
+        except requests.Timeout as exc:
+            raise ServerUnavailable(f"{self.address}{path}: timed out: {exc}", timed_out=True) from exc
+        except requests.ConnectionError as exc:
             raise ServerUnavailable(f"{self.address}{path}: {type(exc).__name__}: {exc}") from exc
         if resp.status_code >= 500:
             raise ServerUnavailable(f"{self.address}{path}: HTTP {resp.status_code} {resp.text[:200]}")
         return resp
 
-    def post_json(self, path: str, body: Dict[str, Any], timeout_s: Optional[float] = None) -> Any:
-        resp = self.request("POST", path, body, timeout_s)
-        try:
-            data = resp.json()
-        except ValueError as exc:
-            raise api.ProtocolError(f"{self.address}{path}: HTTP {resp.status_code}, "
-                                    f"non-JSON body {resp.text[:200]!r}") from exc
-        if resp.status_code >= 400 and not (isinstance(data, dict) and "success" in data):
-            raise RuntimeError(f"{self.address}{path}: HTTP {resp.status_code}: {str(data)[:300]}")
+    def _refused(self, path: str, resp: requests.Response) -> api.ServerRefused:
+        return api.ServerRefused(self.address, path,
+                                 f"HTTP {resp.status_code}: {api.error_message(_json_or_text(resp))}")
+
+    def _control(self, path: str, body: Optional[Dict[str, Any]], method: str = "POST") -> Any:
+        """A control call: 200 or raise ServerRefused (4xx or ``success: false``)."""
+        resp = self.request(method, path, body, self.control_timeout_s)
+        data = _json_or_text(resp)
+        if isinstance(data, dict) and data.get("success") is False:
+            raise api.ServerRefused(self.address, path, str(data.get("message", "")))
+        if resp.status_code != 200:
+            raise self._refused(path, resp)
         return data
 
-    # --- endpoints --------------------------------------------------------------------------
+    # --- generation -------------------------------------------------------------------------
     def generate(self, payload: Dict[str, Any], timeout_s: Optional[float] = None) -> api.GenerateResult:
-        return api.parse_generate_response(self.post_json(api.GENERATE, payload, timeout_s))
+        resp = self.request("POST", api.GENERATE, payload, timeout_s)
+        if resp.status_code != 200:
+            raise self._refused(api.GENERATE, resp)
+        data = _json_or_text(resp)
+        if not isinstance(data, dict):
+            raise api.ProtocolError(f"{self.address}{api.GENERATE}: non-JSON body {str(data)[:200]!r}")
+        return api.parse_generate_response(data)
 
-    def health(self, timeout_s: float = 5.0) -> bool:
+    def health(self, timeout_s: float = 30.0) -> bool:
+        """``/health_generate``: the server generated a token (or is generating) within the timeout."""
         try:
-            return self.request("GET", api.HEALTH, timeout_s=timeout_s).status_code == 200
+            return self.request("GET", api.HEALTH_GENERATE, timeout_s=timeout_s).status_code == 200
         except ServerUnavailable:
             return False
 
-    def model_info(self) -> Dict[str, Any]:
-        return self.request("GET", api.MODEL_INFO).json()
+    def model_info(self, timeout_s: float = 10.0) -> Dict[str, Any]:
+        """``/model_info`` (``/get_model_info`` is deprecated in 0.5.23); answers while paused."""
+        resp = self.request("GET", api.MODEL_INFO, timeout_s=timeout_s)
+        if resp.status_code != 200:
+            raise self._refused(api.MODEL_INFO, resp)
+        return resp.json()
+
+    def server_info(self, timeout_s: float = 30.0) -> Dict[str, Any]:
+        resp = self.request("GET", api.SERVER_INFO, timeout_s=timeout_s)
+        if resp.status_code != 200:
+            raise self._refused(api.SERVER_INFO, resp)
+        return resp.json()
+
+    # --- generation control -----------------------------------------------------------------
+    def pause_generation(self, mode: str = "abort") -> None:
+        self._control(api.PAUSE, api.pause_payload(mode))
+
+    def continue_generation(self) -> None:
+        self._control(api.CONTINUE, {})
+
+    def abort_request(self, rid: Optional[str] = None, abort_all: bool = False,
+                      timeout_s: Optional[float] = None) -> None:
+        resp = self.request("POST", api.ABORT, api.abort_payload(rid, abort_all), timeout_s)
+        if resp.status_code != 200:
+            raise self._refused(api.ABORT, resp)
 
     def flush_cache(self) -> None:
-        resp = self.request("POST", api.FLUSH_CACHE)
-        if resp.status_code != 200:
-            raise RuntimeError(f"{self.address}{api.FLUSH_CACHE}: HTTP {resp.status_code} {resp.text[:200]}")
+        """Refused (400, text body) while requests run or wait (scheduler.flush_cache)."""
+        self._control(api.FLUSH_CACHE, None)
 
-    def release_memory(self, tags: Optional[List[str]] = None) -> None:
-        self._admin_no_body(api.RELEASE_MEMORY, {"tags": tags} if tags else {})
+    def release_memory(self, tags: Optional[Sequence[str]] = None) -> None:
+        self._control(api.RELEASE_MEMORY, api.memory_payload(tags))
 
-    def resume_memory(self, tags: Optional[List[str]] = None) -> None:
-        self._admin_no_body(api.RESUME_MEMORY, {"tags": tags} if tags else {})
+    def resume_memory(self, tags: Optional[Sequence[str]] = None) -> None:
+        self._control(api.RESUME_MEMORY, api.memory_payload(tags))
 
-    def _admin_no_body(self, path: str, body: Dict[str, Any]) -> None:
-        resp = self.request("POST", path, body)
-        if resp.status_code != 200:
-            raise RuntimeError(f"{self.address}{path}: HTTP {resp.status_code} {resp.text[:200]}")
+    # --- weights ----------------------------------------------------------------------------
+    def begin_weight_update(self) -> str:
+        return str(self._control(api.BEGIN_UPDATE, {}).get("message", ""))
 
-    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> List[float]:
-        return self.post_json(api.GET_WEIGHTS_BY_NAME, {"name": name, "truncate_size": truncate_size})
+    def end_weight_update(self) -> str:
+        return str(self._control(api.END_UPDATE, {}).get("message", ""))
 
     def init_weights_update_group(self, payload: Dict[str, Any]) -> str:
-        return api.check_success(api.INIT_GROUP, self.post_json(api.INIT_GROUP, payload))
+        return str(self._control(api.INIT_GROUP, payload).get("message", ""))
 
     def destroy_weights_update_group(self, group_name: str = api.DEFAULT_GROUP_NAME) -> str:
-        return api.check_success(api.DESTROY_GROUP,
-                                 self.post_json(api.DESTROY_GROUP, {"group_name": group_name}))
+        return str(self._control(api.DESTROY_GROUP, {"group_name": group_name}).get("message", ""))
 
     def update_weights_from_distributed(self, payload: Dict[str, Any]) -> str:
-        return api.check_success(api.UPDATE_FROM_DISTRIBUTED,
-                                 self.post_json(api.UPDATE_FROM_DISTRIBUTED, payload))
-
-    def update_weights_from_disk(self, payload: Dict[str, Any]) -> str:
-        return api.check_success(api.UPDATE_FROM_DISK, self.post_json(api.UPDATE_FROM_DISK, payload))
+        return str(self._control(api.UPDATE_FROM_DISTRIBUTED, payload).get("message", ""))
 
     def update_weights_from_tensor(self, payload: Dict[str, Any]) -> str:
-        return api.check_success(api.UPDATE_FROM_TENSOR,
-                                 self.post_json(api.UPDATE_FROM_TENSOR, payload))
+        return str(self._control(api.UPDATE_FROM_TENSOR, payload).get("message", ""))
+
+    def update_weights_from_disk(self, payload: Dict[str, Any]) -> str:
+        return str(self._control(api.UPDATE_FROM_DISK, payload).get("message", ""))
+
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> List[float]:
+        resp = self.request("POST", api.GET_WEIGHTS_BY_NAME,
+                            {"name": name, "truncate_size": truncate_size})
+        if resp.status_code != 200:
+            raise self._refused(api.GET_WEIGHTS_BY_NAME, resp)
+        return resp.json()

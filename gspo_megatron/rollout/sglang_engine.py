@@ -1,15 +1,20 @@
 """SGLang rollout engine: a fleet of SGLang (or reference) servers behind the RolloutEngine API.
 
 Each sample is one non-streaming ``/generate`` request (with its own ``sampling_seed``), sent to
-the live server with the fewest outstanding requests. Results come back as they finish
+the member server with the fewest outstanding requests. Results come back as they finish
 (:meth:`SGLangEngine.generate_iter`); :meth:`generate` collects and sorts them.
 
-Failure handling, per sample: a connection error, timeout, HTTP 5xx, malformed body or an
-``abort`` finish is retried on another server (up to ``max_retries`` more attempts); a server
-that then fails its health probe is taken out of rotation until a later batch finds it healthy.
-Each sample is owned by one task that accepts exactly one answer, so no sample is lost or
-duplicated: an abandoned attempt that still completes on its server is ignored. A sample that
-exhausts its retries fails the whole batch with an error naming it.
+Failure handling, per sample: a connection error, timeout, HTTP 5xx, malformed body, an
+``abort`` finish or an answer from stale weights is retried on another server (up to
+``max_retries`` more attempts); a server that then fails its health probe leaves the rotation
+(:mod:`rollout.server_pool`). Each sample is owned by one task that accepts exactly one answer,
+so no sample is lost or duplicated; an attempt the client gave up on (timeout) is aborted on its
+server by request id, since SGLang would otherwise keep generating it. An abort caused by our own
+weight-sync pause is retried without counting as a failure. A sample that exhausts its retries
+fails the batch with an error naming it.
+
+Weight syncs and colocated memory go through :mod:`rollout.sglang_control` (pause, abort,
+session, flush, continue; release / resume).
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ import logging
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass
-from typing import Iterator, List, Optional, Sequence, Set
+from typing import Dict, Iterator, List, Optional, Sequence, Set
 
 from gspo_megatron.rollout import sglang_api as api
+from gspo_megatron.rollout.server_pool import NoLiveServer, ServerPool, ServerState
 from gspo_megatron.rollout.sglang_client import SGLangServerClient, ServerUnavailable
+from gspo_megatron.rollout.sglang_control import FleetControl
 from gspo_megatron.rollout.types import (GenerationRequest, RolloutEngine, Sample, SamplingParams,
                                          expand_requests, sample_seed)
 
@@ -33,11 +39,12 @@ class SampleFailed(RuntimeError):
     """A sample failed on every server it was tried on."""
 
 
-@dataclass
-class _Server:
-    client: SGLangServerClient
-    outstanding: int = 0
-    alive: bool = True
+class _Retry(Exception):
+    """An attempt to run again elsewhere; ``free``: caused by our own pause, not a failure."""
+
+    def __init__(self, message: str, free: bool = False) -> None:
+        super().__init__(message)
+        self.free = free
 
 
 class SGLangEngine(RolloutEngine):
@@ -45,52 +52,63 @@ class SGLangEngine(RolloutEngine):
 
     def __init__(self, addresses: Sequence[str], request_timeout_s: float = 600.0,
                  max_retries: int = 3, health_timeout_s: float = 900.0,
-                 max_concurrency_per_server: int = 64, launcher=None) -> None:
+                 max_concurrency_per_server: int = 64, launcher=None, server_tp_size: int = 1) -> None:
         super().__init__()
         if not addresses:
             raise ValueError("SGLangEngine needs at least one server address (host:port)")
-        self._servers = [_Server(SGLangServerClient(a, request_timeout_s)) for a in addresses]
+        self.pool = ServerPool([SGLangServerClient(a, request_timeout_s) for a in addresses])
+        self.control = FleetControl(self.pool)
         self.request_timeout_s = request_timeout_s
         self.max_retries = max_retries
         self.health_timeout_s = health_timeout_s
         self.max_concurrency_per_server = max_concurrency_per_server
+        self.server_tp_size = server_tp_size
         self.launcher = launcher
-        self._lock = threading.Lock()
+        self._count_lock = threading.Lock()
         self._num_retries = 0
 
     @classmethod
     def from_config(cls, cfg, model_path: Optional[str] = None, log_dir: Optional[str] = None,
-                    enable_memory_saver: bool = False) -> "SGLangEngine":
-        """Attach to ``cfg.server_addresses``, or launch ``cfg.num_servers`` (needs model_path)."""
-        launcher = None
-        addresses = list(cfg.server_addresses)
+                    enable_memory_saver: bool = False, launch=None) -> "SGLangEngine":
+        """Attach to ``cfg.server_addresses``, or start ``cfg.num_servers`` with ``launch(cfg,
+        model_path, log_dir=..., enable_memory_saver=...)`` (SGLang by default); then wait for
+        health and check every server runs SGLang :data:`sglang_api.SGLANG_VERSION`."""
+        launcher, addresses = None, list(cfg.server_addresses)
         if not addresses:
             if model_path is None:
                 raise ValueError("rollout.sglang.server_addresses is empty and no model path was "
-                                 "given to launch servers from")
-            from gspo_megatron.rollout.sglang_launcher import launch_sglang_fleet
-
-            launcher = launch_sglang_fleet(cfg, model_path, log_dir=log_dir,
-                                           enable_memory_saver=enable_memory_saver,
-                                           deterministic=cfg.deterministic_inference)
+                                 "given to launch servers from (model.hf_path)")
+            if launch is None:
+                from gspo_megatron.rollout.sglang_launcher import launch_sglang_fleet as launch
+            launcher = launch(cfg, model_path, log_dir=log_dir, enable_memory_saver=enable_memory_saver)
             addresses = launcher.addresses
         engine = cls(addresses, cfg.request_timeout_s, cfg.max_retries, cfg.health_timeout_s,
                      max_concurrency_per_server=cfg.max_concurrency_per_server,
-                     launcher=launcher)
-        engine.wait_healthy(cfg.health_timeout_s)
+                     launcher=launcher, server_tp_size=cfg.tp)
+        try:
+            engine.wait_healthy(cfg.health_timeout_s)
+            engine.check_versions()
+        except Exception:
+            engine.shutdown()
+            raise
         return engine
 
     @property
     def clients(self) -> List[SGLangServerClient]:
-        return [s.client for s in self._servers]
+        return [s.client for s in self.pool.servers]
 
-    # --- health -----------------------------------------------------------------------------
+    @property
+    def weight_version(self) -> Optional[str]:
+        return self.control.weight_version
+
+    # --- health and version -----------------------------------------------------------------
     def wait_healthy(self, timeout_s: Optional[float] = None, poll_s: float = 0.5) -> None:
-        """Block until every server answers ``/health``; raise naming those that did not."""
-        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.health_timeout_s)
-        pending = list(self._servers)
+        """Block until every server answers ``/health_generate``; raise naming those that did not."""
+        timeout_s = self.health_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        pending = list(self.pool.servers)
         while pending:
-            pending = [s for s in pending if not s.client.health(timeout_s=min(5.0, poll_s * 4))]
+            pending = [s for s in pending if not s.client.health(timeout_s=min(30.0, max(1.0, poll_s * 4)))]
             if not pending:
                 break
             if self.launcher is not None:
@@ -99,67 +117,80 @@ class SGLangEngine(RolloutEngine):
                     raise RuntimeError(f"rollout servers exited during start-up: {dead}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"rollout servers not healthy after {timeout_s}s: "
-                                   f"{[s.client.address for s in pending]}")
+                                   f"{[s.address for s in pending]}")
             time.sleep(poll_s)
-        for s in self._servers:
+        for s in self.pool.servers:
             s.alive = True
 
+    def check_versions(self) -> None:
+        """Refuse servers that do not run the SGLang version this client was written against."""
+        for s in self.pool.servers:
+            version = s.client.server_info().get("version")
+            if version != api.SGLANG_VERSION:
+                raise RuntimeError(f"rollout server {s.address} runs SGLang {version}; this client "
+                                   f"speaks SGLang {api.SGLANG_VERSION} (its pause / weight-update "
+                                   "protocol); use the project's image")
+
     def health(self) -> bool:
-        return all(s.client.health() for s in self._servers)
+        return all(s.client.health() for s in self.pool.servers)
 
-    def _refresh_dead_servers(self) -> None:
-        for s in self._servers:
-            if not s.alive and s.client.health(timeout_s=2.0):
-                log.info("server %s is healthy again", s.client.address)
-                s.alive = True
-
-    # --- scheduling -------------------------------------------------------------------------
-    def _acquire(self, tried: Set[str]) -> _Server:
-        if not any(s.alive for s in self._servers):
-            self._refresh_dead_servers()  # a transient failure may have marked them all down
-        with self._lock:
-            live = [s for s in self._servers if s.alive]
-            fresh = [s for s in live if s.client.address not in tried] or live
-            if not fresh:
-                raise SampleFailed(f"no live rollout server among "
-                                   f"{[s.client.address for s in self._servers]}")
-            server = min(fresh, key=lambda s: s.outstanding)
-            server.outstanding += 1
-            return server
-
-    def _release(self, server: _Server) -> None:
-        with self._lock:
-            server.outstanding -= 1
-
-    def _on_failure(self, server: _Server, exc: Exception) -> None:
-        alive = server.client.health(timeout_s=2.0)
-        with self._lock:
-            self._num_retries += 1
-            if not alive and server.alive:
-                log.warning("rollout server %s is down (%s); taking it out of rotation",
-                            server.client.address, exc)
-                server.alive = False
+    # --- generation -------------------------------------------------------------------------
+    def _attempt(self, server: ServerState, rid: str, payload: Dict, epoch: int) -> api.GenerateResult:
+        self.pool.sent(server, rid)
+        try:
+            result = server.client.generate(payload)
+        except ServerUnavailable as exc:
+            if exc.timed_out:  # the server may still be generating it: tell it to stop
+                try:
+                    server.client.abort_request(rid, timeout_s=5.0)
+                    self.pool.answered(server, rid)
+                except (ServerUnavailable, api.ServerRefused):
+                    pass  # stays in sent_rids; the next sync aborts it
+            else:
+                self.pool.answered(server, rid)
+            raise
+        self.pool.answered(server, rid)
+        if result.finish_reason == "abort":
+            raise _Retry(f"{server.address}: request {rid} aborted",
+                         free=self.control.pause_epoch != epoch)
+        current = self.control.weight_version
+        if current is not None and result.weight_version != current:
+            self.pool.mark_dead(server, f"answered with weights {result.weight_version!r}, "
+                                        f"expected {current!r}")
+            raise _Retry(f"{server.address}: stale weights {result.weight_version!r}", free=True)
+        return result
 
     def _run_sample(self, req: GenerationRequest, idx: int, params: SamplingParams) -> Sample:
         seed = sample_seed(params.seed, req.prompt_id, idx)
+        payload_base = api.generate_payload("", list(req.prompt_token_ids), params, seed)
         tried: Set[str] = set()
         errors: List[str] = []
         start = time.perf_counter()
-        for attempt in range(self.max_retries + 1):
-            server = self._acquire(tried)
-            rid = f"{req.prompt_id}/{idx}/{attempt}"
+        attempt = failures = 0
+        while failures <= self.max_retries:
             try:
-                result = server.client.generate(
-                    api.generate_payload(rid, list(req.prompt_token_ids), params, seed))
-                if result.finish_reason == "abort":
-                    raise ServerUnavailable(f"{server.client.address}: request {rid} aborted")
+                server = self.pool.acquire(tried, self.control.weight_version)
+            except NoLiveServer as exc:
+                raise SampleFailed(f"sample (prompt_id={req.prompt_id!r}, sample_index={idx}): "
+                                   f"{exc}; errors so far: {errors}") from exc
+            rid = f"{req.prompt_id}/{idx}/{attempt}"
+            attempt += 1
+            try:
+                result = self._attempt(server, rid, dict(payload_base, rid=rid), self.control.pause_epoch)
+            except _Retry as exc:
+                errors.append(str(exc))
+                failures += 0 if exc.free else 1
+                with self._count_lock:
+                    self._num_retries += 1
+                continue
             except (ServerUnavailable, api.ProtocolError) as exc:
                 errors.append(str(exc))
-                tried.add(server.client.address)
+                tried.add(server.address)
+                failures += 1
                 self._on_failure(server, exc)
                 continue
             finally:
-                self._release(server)
+                self.pool.release(server)
             return Sample(prompt_id=req.prompt_id, sample_index=idx,
                           prompt_token_ids=list(req.prompt_token_ids),
                           response_token_ids=result.token_ids, response_logprobs=result.logprobs,
@@ -169,14 +200,23 @@ class SGLangEngine(RolloutEngine):
         raise SampleFailed(f"sample (prompt_id={req.prompt_id!r}, sample_index={idx}) failed "
                            f"{self.max_retries + 1} attempts: {errors}")
 
+    def _on_failure(self, server: ServerState, exc: Exception) -> None:
+        with self._count_lock:
+            self._num_retries += 1
+        if not server.client.health(timeout_s=5.0):
+            self.pool.mark_dead(server, str(exc))
+
     def generate_iter(self, requests: Sequence[GenerationRequest],
                       params: SamplingParams) -> Iterator[Sample]:
         """Yield each sample as soon as it is done (completion order)."""
+        if self.control.released:
+            raise RuntimeError(f"rollout servers hold no memory for {sorted(self.control.released)}; "
+                               "call resume_memory() before generating")
         work = expand_requests(requests)
         if not work:
             return
-        self._refresh_dead_servers()
-        workers = min(len(work), self.max_concurrency_per_server * len(self._servers))
+        self.pool.readmit_current(self.control.weight_version)
+        workers = min(len(work), self.max_concurrency_per_server * len(self.pool.servers))
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout")
         try:
             pending = {pool.submit(self._run_sample, req, idx, params) for req, idx in work}
@@ -193,18 +233,25 @@ class SGLangEngine(RolloutEngine):
         self.metrics.num_retries = self._num_retries
         return samples
 
-    # --- memory, cache, lifecycle -----------------------------------------------------------
+    # --- weight sync protocol and memory (rollout/sglang_control.py) ------------------------
+    def begin_weight_update(self, session: bool = True) -> List[str]:
+        return self.control.begin(session)
+
+    def finish_weight_update(self, weight_version: Optional[str]) -> Dict[str, float]:
+        self.control.finish(weight_version)
+        return self.control.metrics()
+
+    def cancel_weight_update(self) -> None:
+        self.control.cancel()
+
     def flush_cache(self) -> None:
-        for c in self.clients:
-            c.flush_cache()
+        self.pool.on_members(lambda s: s.client.flush_cache(), "flush_cache")
 
     def release_memory(self) -> None:
-        for c in self.clients:
-            c.release_memory()
+        self.control.release_memory()
 
-    def resume_memory(self) -> None:
-        for c in self.clients:
-            c.resume_memory()
+    def resume_memory(self, tags: Optional[Sequence[str]] = None) -> None:
+        self.control.resume_memory(tags)
 
     def shutdown(self) -> None:
         super().shutdown()

@@ -5,6 +5,11 @@ memory settings; ``python -m gspo_megatron.rollout.reference_server`` on CPU), s
 their output in log files, and stops exactly the processes it started, by PID (SIGTERM, then
 SIGKILL after a grace period). Waiting for health is the engine's job (bounded by
 ``sglang.health_timeout_s``).
+
+Colocated mode needs ``--enable-memory-saver`` (sglang 0.5.23 ``server_args.py``): without it
+``/release_memory_occupation`` answers 200 but frees nothing (a no-op memory-saver adapter), and
+the learner then runs out of memory. Both launchers pass it; a Slurm script that starts servers
+itself must pass it too.
 """
 
 from __future__ import annotations
@@ -18,6 +23,15 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 log = logging.getLogger(__name__)
+
+
+def _dies_with_us(command: List[str]) -> List[str]:
+    """``command`` behind the parent-death wrapper (a ``python -m`` line, not an import):
+    a server must not outlive a trainer killed with SIGKILL."""
+    if not sys.platform.startswith("linux"):
+        return command
+    return [sys.executable, "-m", "gspo_megatron.distributed.child_processes", "--parent",
+            str(os.getpid()), "--", *command]
 
 
 def sglang_server_command(cfg, model_path: str, index: int, host: str = "127.0.0.1",
@@ -43,10 +57,12 @@ def sglang_server_command(cfg, model_path: str, index: int, host: str = "127.0.0
 
 
 def reference_server_command(model_path: str, port: int, host: str = "127.0.0.1",
-                             extra: Sequence[str] = (), python: str = sys.executable) -> List[str]:
+                             extra: Sequence[str] = (), python: str = sys.executable,
+                             enable_memory_saver: bool = False) -> List[str]:
     """Command line of a CPU reference server (same HTTP API as SGLang)."""
+    saver = ["--enable-memory-saver"] if enable_memory_saver else []
     return [python, "-m", "gspo_megatron.rollout.reference_server", "--model-path", model_path,
-            "--host", host, "--port", str(port), *extra]
+            "--host", host, "--port", str(port), *saver, *extra]
 
 
 @dataclass
@@ -71,7 +87,8 @@ class ServerLauncher:
             log_path = os.path.join(self.log_dir, f"server_{address.replace(':', '_')}.log")
             out = open(log_path, "ab")
         env = dict(os.environ, **(self.env or {}))
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(_dies_with_us(command), stdout=out, stderr=subprocess.STDOUT,
+                                env=env)
         if out is not subprocess.DEVNULL:
             out.close()  # the child holds its own descriptor
         log.info("started rollout server pid %d at %s: %s", proc.pid, address, " ".join(command))
@@ -98,11 +115,24 @@ class ServerLauncher:
 
 
 def launch_sglang_fleet(cfg, model_path: str, host: str = "127.0.0.1",
-                        log_dir: Optional[str] = None, enable_memory_saver: bool = False,
-                        deterministic: bool = False) -> ServerLauncher:
-    """Start ``cfg.num_servers`` SGLang servers on this node."""
+                        log_dir: Optional[str] = None, enable_memory_saver: bool = False) -> ServerLauncher:
+    """Start ``cfg.num_servers`` SGLang servers (an ``SGLangConfig``) on this node."""
     launcher = ServerLauncher(log_dir)
     for i in range(cfg.num_servers):
-        cmd = sglang_server_command(cfg, model_path, i, host, enable_memory_saver, deterministic)
+        cmd = sglang_server_command(cfg, model_path, i, host, enable_memory_saver,
+                                    cfg.deterministic_inference)
         launcher.start(cmd, f"{host}:{cfg.port + i}")
+    return launcher
+
+
+def launch_reference_fleet(cfg, model_path: str, host: str = "127.0.0.1",
+                           log_dir: Optional[str] = None,
+                           enable_memory_saver: bool = False) -> ServerLauncher:
+    """Start ``cfg.num_servers`` CPU reference servers, server i on ``cfg.port + i``."""
+    launcher = ServerLauncher(log_dir, env={"OMP_NUM_THREADS": "1"})
+    for i in range(cfg.num_servers):
+        port = cfg.port + i
+        launcher.start(reference_server_command(model_path, port, host,
+                                                enable_memory_saver=enable_memory_saver),
+                       f"{host}:{port}")
     return launcher

@@ -145,20 +145,30 @@ def sort_samples(samples: Iterable[Sample]) -> List[Sample]:
 
 @dataclass
 class WeightSyncStats:
-    """What one weight update moved and how long it took."""
+    """What one weight update moved, how long it took, and how long each protocol phase took."""
 
     num_tensors: int = 0
     num_bytes: int = 0
     num_buckets: int = 0
     seconds: float = 0.0
+    phases: Dict[str, float] = field(default_factory=dict)
+    """``weight_sync/<phase>_s`` and server counts reported by the engine (pause, abort, begin,
+    transfer, end, flush, continue; num_servers, num_skipped_servers)."""
 
     @property
     def gb_per_s(self) -> float:
         return self.num_bytes / 1e9 / self.seconds if self.seconds > 0 else 0.0
 
+    def add_bucket(self, num_tensors: int, num_bytes: int) -> None:
+        self.num_buckets += 1
+        self.num_tensors += num_tensors
+        self.num_bytes += num_bytes
+
     def as_metrics(self, prefix: str = "weight_sync/") -> Dict[str, float]:
-        return {f"{prefix}seconds": self.seconds, f"{prefix}gb_per_s": self.gb_per_s,
-                f"{prefix}gb": self.num_bytes / 1e9, f"{prefix}num_buckets": float(self.num_buckets)}
+        out = {f"{prefix}total_s": self.seconds, f"{prefix}gb_per_s": self.gb_per_s,
+               f"{prefix}gb": self.num_bytes / 1e9, f"{prefix}num_buckets": float(self.num_buckets)}
+        out.update(self.phases)
+        return out
 
 
 @dataclass
@@ -189,7 +199,8 @@ class WeightTransport(abc.ABC):
 
     @abc.abstractmethod
     def send(self, named_tensors: NamedTensors, weight_version: Optional[str] = None) -> WeightSyncStats:
-        """Stream every pair to the engine; returns once the engine serves the new weights."""
+        """Run the whole update (protocol and buckets); returns once the engine serves the new
+        weights."""
 
     def close(self) -> None:
         """Release groups, files or handles held by the transport."""
@@ -222,6 +233,8 @@ class RolloutEngine(abc.ABC):
 
     def attach_weight_transport(self, transport: WeightTransport) -> None:
         """Route :meth:`update_weights` through ``transport`` (built by weight_sync)."""
+        if getattr(transport, "engine", self) is None:
+            transport.engine = self  # a transport built before its engine drives this one
         self._transport = transport
 
     def update_weights(self, named_tensors: NamedTensors,
@@ -234,11 +247,26 @@ class RolloutEngine(abc.ABC):
         self.metrics.last_weight_sync = stats
         return stats
 
+    # --- the weight-update protocol (weight_sync drives it around the buckets) ---------------
+    def begin_weight_update(self, session: bool = True) -> List[str]:
+        """Stop generation and open the engine for new weights; returns the server addresses the
+        buckets must reach ([] for an in-process engine). ``session``: the transport loads
+        tensors (SGLang's begin/end_weight_update), not a directory."""
+        return []
+
+    def finish_weight_update(self, weight_version: Optional[str]) -> Dict[str, float]:
+        """Close the update, record ``weight_version``, let generation go on; phase metrics."""
+        return {}
+
+    def cancel_weight_update(self) -> None:
+        """Best-effort cleanup after a failed transfer."""
+
     def release_memory(self) -> None:
         """Colocated mode: free the engine's accelerator memory (weights and KV cache)."""
 
-    def resume_memory(self) -> None:
-        """Colocated mode: take the memory back before the next generate()."""
+    def resume_memory(self, tags: Optional[Sequence[str]] = None) -> None:
+        """Colocated mode: take the memory back (``tags``: a part of it, e.g. ``["weights"]``
+        before a weight sync); generation may run once nothing is released."""
 
     @abc.abstractmethod
     def health(self) -> bool:

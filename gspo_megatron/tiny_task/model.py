@@ -4,15 +4,27 @@ The sizes (2 layers, hidden 64, 4 heads / 2 KV heads of dim 16, 4 experts top-2 
 intermediate 64, untied embeddings, 128 positions, rope theta 1e4) keep a forward+backward over
 a whole rollout batch well under a second on one CPU core, while still exercising every part of
 the real architecture (QK-norm, GQA, routed experts) that the Megatron mapping must get right.
+
+:func:`build_tiny_policy` is the same model over a letters-and-digits tokenizer
+(``vocab.TEXT_ALPHABET``) with longer positions and adjustable sizes: the policy the rollout and
+weight-sync tests and benchmarks run through the embedded engine, the reference server and the
+transports, on the same code path as a real checkpoint.
+
+    model, tok = build_tiny_policy(seed=0)
+    save_tiny_model(model, tok, "/tmp/tiny")   # an HF directory the reference server can load
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Tuple
 
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+from gspo_megatron.tiny_task.tokenizer import build_char_tokenizer
+from gspo_megatron.tiny_task.vocab import TEXT_ALPHABET
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,17 @@ def create_tiny_model(tokenizer: PreTrainedTokenizerBase, seed: int = 0,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, do_sample=False, max_new_tokens=8)
     return model.eval()
+
+
+def build_tiny_policy(seed: int = 0, hidden_size: int = 64, num_layers: int = 2,
+                      num_experts: int = 4, moe_ffn_hidden_size: int = 64,
+                      ) -> Tuple[Qwen3MoeForCausalLM, PreTrainedTokenizerBase]:
+    """``(model, tokenizer)``: a free-text tiny policy, random weights drawn from ``seed`` (fp32)."""
+    tok = build_char_tokenizer(alphabet=TEXT_ALPHABET, model_max_length=512)
+    spec = TinyModelSpec(num_layers=num_layers, hidden_size=hidden_size,
+                         head_dim=hidden_size // 4, num_experts=num_experts,
+                         moe_intermediate_size=moe_ffn_hidden_size, max_position_embeddings=512)
+    return create_tiny_model(tok, seed=seed, spec=spec), tok
 
 
 def save_tiny_model(model: Qwen3MoeForCausalLM, tokenizer: PreTrainedTokenizerBase,

@@ -7,8 +7,8 @@ situation in which GSPO has a signal to push on. Train and held-out eval sets ar
 fixed seeds and never share a problem.
 
 The response the model must produce is the decimal sum followed by the tokenizer's eos token;
-:func:`addition_reward` gives 1.0 when the digits generated before eos (or before the end of
-the text) equal the answer, else 0.0. It is registered as the ``tiny_addition`` reward.
+the ``tiny_addition`` reward (``rewards/builtin.py``) gives 1.0 when the digits generated before
+eos (or before the end of the text) equal the answer, else 0.0.
 """
 
 from __future__ import annotations
@@ -18,9 +18,6 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, List, Mapping, Optional, Tuple
-
-from gspo_megatron.rewards.registry import register_reward
-from gspo_megatron.tiny_task.vocab import EOS_TOKEN
 
 
 @dataclass(frozen=True)
@@ -101,15 +98,3 @@ def write_task_datasets(out_dir: Path, cfg: AdditionTaskConfig = AdditionTaskCon
     out_dir = Path(out_dir)
     return (write_jsonl(problem_rows(train, "train"), out_dir / "train.jsonl"),
             write_jsonl(problem_rows(held_out, "eval"), out_dir / "eval.jsonl"))
-
-
-def extract_generated_digits(response: str) -> str:
-    """The response up to the first eos token (if the decoder kept it), stripped of spaces."""
-    return response.split(EOS_TOKEN, 1)[0].strip()
-
-
-@register_reward("tiny_addition")
-def addition_reward(response: str, answer: str, metadata: Optional[Mapping] = None) -> float:
-    """1.0 when the digits before eos are exactly the answer's digits, else 0.0."""
-    generated = extract_generated_digits(response)
-    return 1.0 if generated.isdigit() and generated == str(answer).strip() else 0.0

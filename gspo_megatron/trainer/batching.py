@@ -33,7 +33,8 @@ def with_old_logprobs(batch: SequenceBatch, old_logprobs: Sequence[torch.Tensor]
     return replace(batch, old_logprobs=[t.detach().float() for t in old_logprobs])
 
 
-def _take(batch: SequenceBatch, idx: List[int]) -> SequenceBatch:
+def take_sequences(batch: SequenceBatch, idx: List[int]) -> SequenceBatch:
+    """The sequences ``idx`` of ``batch``, in that order, with all their per-token fields."""
     pick = (lambda xs: None if xs is None else [xs[i] for i in idx])
     return SequenceBatch(token_ids=pick(batch.token_ids), prompt_lens=pick(batch.prompt_lens),
                          advantages=pick(batch.advantages), old_logprobs=pick(batch.old_logprobs),
@@ -50,7 +51,7 @@ def split_mini_batches(batch: SequenceBatch, num_mini_batches: int,
     if units < num_mini_batches:
         raise ValueError(f"cannot split {n} sequences into {num_mini_batches} mini-batches")
     bounds = [round(k * units / num_mini_batches) * unit for k in range(num_mini_batches + 1)]
-    return [_take(batch, list(range(bounds[k], bounds[k + 1]))) for k in range(num_mini_batches)]
+    return [take_sequences(batch, list(range(bounds[k], bounds[k + 1]))) for k in range(num_mini_batches)]
 
 
 def sft_batch(records, tokenizer) -> SequenceBatch:

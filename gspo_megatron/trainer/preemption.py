@@ -3,20 +3,28 @@
 Slurm sends ``--signal=B:USR1@<seconds>`` before the time limit (and SIGTERM on preemption).
 The handler only sets a flag; the loop finishes the step it is in, saves a checkpoint and exits
 with :data:`REQUEUE_EXIT_CODE`, which ``slurm/lib.sh`` answers with ``scontrol requeue``.
+
+``gspo-train`` creates its :class:`PreemptionFlag` first thing (before torch or Megatron is
+imported), because SIGUSR1's default action ends the process (exit 138) with no checkpoint and
+no requeue. A signal that arrives while the job is still starting is answered at the next
+start-up stage (:meth:`PreemptionFlag.exit_code_if_requested`): there is nothing new to save
+yet, so the job exits 124 at once and is requeued.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+from typing import Optional
 
 log = logging.getLogger(__name__)
 
 REQUEUE_EXIT_CODE = 124
+PREEMPTION_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 
 class PreemptionFlag:
-    def __init__(self, signals=(signal.SIGUSR1, signal.SIGTERM)) -> None:
+    def __init__(self, signals=PREEMPTION_SIGNALS) -> None:
         self.requested = False
         self.signal_name = ""
         for sig in signals:
@@ -27,3 +35,11 @@ class PreemptionFlag:
         self.signal_name = signal.Signals(signum).name
         log.warning("received %s: will checkpoint after the current step and exit %d",
                     self.signal_name, REQUEUE_EXIT_CODE)
+
+    def exit_code_if_requested(self, stage: str) -> Optional[int]:
+        """:data:`REQUEUE_EXIT_CODE` (logged) if a signal came in; call between start-up stages."""
+        if not self.requested:
+            return None
+        log.warning("%s arrived during start-up (%s): nothing new to checkpoint; exiting %d so "
+                    "that the job is requeued", self.signal_name, stage, REQUEUE_EXIT_CODE)
+        return REQUEUE_EXIT_CODE

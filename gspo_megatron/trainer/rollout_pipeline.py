@@ -14,13 +14,17 @@ Production runs on the main rank in a background thread: the embedded engine the
 own process (``rollout.embedded_process``), SGLang servers are remote, so the thread only waits.
 Every rank tracks what was submitted, so the collectives (broadcast, log-prob pass) line up.
 
-Old log-probs recomputed by the learner (``algo.old_logprob_source=learner``, or TIS) are taken
-under the *generating* weights: a :class:`WeightSnapshot` is kept from submission to use.
+When a rollout is received, the loop's ``prepare`` turns it into the step's batch and pi_old
+(``trainer/old_policy.py``). Old log-probs recomputed by the learner
+(``algo.old_logprob_source=learner``) are taken under the *generating* weights: a
+:class:`WeightSnapshot` is kept from submission to use, and ``prepare`` runs inside it.
 
 Checkpoints stay exact: :meth:`checkpoint_state` finishes the in-flight rollout (and its learner
 log-probs, while the snapshot still exists) and returns it as plain values for the checkpoint;
-:meth:`restore` puts it back, so a resumed run trains on exactly the samples an uninterrupted one
-would have. The sampler state saved next to it already counts the rollout's prompts.
+:meth:`restore` puts it back, so a resumed run trains on exactly the samples and pi_old an
+uninterrupted one would have. The sampler state saved next to it already counts the rollout's
+prompts. (A recorded MoE routing is not saved: config validation refuses routing replay with the
+overlap.)
 """
 
 from __future__ import annotations
@@ -30,14 +34,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 import torch.distributed as dist
 
 from gspo_megatron.learner.weight_snapshot import WeightSnapshot, weights_swapped_in
 from gspo_megatron.rollout.types import Sample
-from gspo_megatron.trainer.batching import rollout_to_sequence_batch
 from gspo_megatron.trainer.rollout_step import ScoredRollout
 
 log = logging.getLogger(__name__)
@@ -45,17 +48,17 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ReadyRollout:
-    """A rollout every rank holds, with what the learner computed about it."""
+    """A rollout every rank holds, prepared for training (batch and pi_old)."""
 
     rollout: ScoredRollout
-    learner_logprobs: Optional[List[torch.Tensor]]
-    """Old-policy log-probs recomputed by the learner under the generating weights, when needed."""
+    prepared: Any
+    """What the loop's ``prepare`` returned for it (``trainer.loop.PreparedStep``)."""
     policy_lag: int
     """RL steps the learner has taken since the generating weights (0 on-policy, 1 overlapped)."""
     wait_s: float = 0.0
     """Seconds ``take`` blocked for the rollout (0 when it was already there)."""
-    logprob_s: float = 0.0
-    """Seconds of the learner's log-prob pass."""
+    prepare_s: float = 0.0
+    """Seconds of ``prepare`` (the learner's old-policy pass, when it runs one)."""
 
 
 def _broadcast(obj, world_size: int):
@@ -90,9 +93,13 @@ class _Background:
 class RolloutPipeline:
     """Submits and hands over rollouts; see the module docstring."""
 
-    def __init__(self, produce: Callable[[int], ScoredRollout], learner, sampler, *,
+    def __init__(self, produce: Callable[[int], ScoredRollout],
+                 prepare: Callable[[ScoredRollout, Optional[list]], Any], learner, sampler, *,
                  is_main: bool, world_size: int, overlap: bool, learner_logprobs: bool) -> None:
         self.produce = produce
+        self.prepare = prepare
+        """``prepare(rollout, saved_old_logprobs)``: the step's batch and pi_old (collective);
+        ``saved_old_logprobs`` (per mini-batch, per sequence) come from a checkpoint."""
         self.learner = learner
         self.sampler = sampler
         self.is_main = is_main
@@ -104,6 +111,7 @@ class RolloutPipeline:
         self._snapshot: Optional[WeightSnapshot] = None
         self._job: Optional[_Background] = None
         self._ready: Optional[ReadyRollout] = None
+        self._restored: Optional[tuple] = None  # (rollout, saved old log-probs) from a checkpoint
 
     def has(self, step: int) -> bool:
         return self._step == step
@@ -129,37 +137,29 @@ class RolloutPipeline:
         if self._ready is None:
             self._ready = self._receive(step)
         ready, self._ready, self._step, self._snapshot = self._ready, None, None, None
-        if ready.learner_logprobs is None and self.learner_logprobs:
-            # restored from a checkpoint written without them: the generating weights are gone
-            log.warning("step %d: learner log-probs of the restored rollout computed under the "
-                        "current weights (%d step(s) newer than the generating ones)",
-                        step, ready.policy_lag)
-            ready.learner_logprobs = self._learner_logprobs(ready.rollout, None)
         return ready
 
     def _receive(self, step: int) -> ReadyRollout:
         if self._step != step:
             raise RuntimeError(f"take({step}) but the pending rollout is for step {self._step}")
         t0 = time.perf_counter()
-        rollout = None
-        if self.is_main:
-            job, self._job = self._job, None
-            rollout = job.result() if job is not None else self.produce(step)
-        rollout = _broadcast(rollout, self.world_size)
+        if self._restored is not None:
+            (rollout, saved), self._restored = self._restored, None
+        else:
+            rollout, saved = None, None
+            if self.is_main:
+                job, self._job = self._job, None
+                rollout = job.result() if job is not None else self.produce(step)
+            rollout = _broadcast(rollout, self.world_size)
+            if not self.is_main:  # every rank's sampler keeps the main rank's data position
+                self.sampler.next_batch(rollout.num_prompts_drawn)
         wait_s = time.perf_counter() - t0
-        if not self.is_main:  # every rank's sampler keeps the main rank's data position
-            self.sampler.next_batch(rollout.num_prompts_drawn)
         t1 = time.perf_counter()
-        lps = self._learner_logprobs(rollout, self._snapshot) if self.learner_logprobs else None
-        return ReadyRollout(rollout, lps, policy_lag=step - 1 - self._version,
-                            wait_s=wait_s, logprob_s=time.perf_counter() - t1)
-
-    def _learner_logprobs(self, rollout: ScoredRollout,
-                          snapshot: Optional[WeightSnapshot]) -> List[torch.Tensor]:
-        """Collective log-prob pass under ``snapshot`` (None: the current weights)."""
-        batch = rollout_to_sequence_batch(rollout)
-        with weights_swapped_in(self.learner, snapshot or WeightSnapshot(self.learner.step, [])):
-            return self.learner.compute_logprobs(batch).logprobs
+        snapshot = self._snapshot or WeightSnapshot(self.learner.step, [])  # none: current weights
+        with weights_swapped_in(self.learner, snapshot):
+            prepared = self.prepare(rollout, saved)
+        return ReadyRollout(rollout, prepared, policy_lag=step - 1 - self._version,
+                            wait_s=wait_s, prepare_s=time.perf_counter() - t1)
 
     # ---- checkpoints -----------------------------------------------------------------------
     def checkpoint_state(self) -> Optional[dict]:
@@ -169,10 +169,12 @@ class RolloutPipeline:
         if self._ready is None:
             self._ready = self._receive(self._step)
         ready = self._ready
+        old = None
+        if self.learner_logprobs:  # the generating weights are gone after a restart: keep pi_old
+            old = [[t.tolist() for t in mini.old_logprobs]
+                   for mini in ready.prepared.old.mini_batches]
         return {"step": self._step, "version": self._version,
-                "rollout": dataclasses.asdict(ready.rollout),
-                "learner_logprobs": None if ready.learner_logprobs is None
-                else [t.tolist() for t in ready.learner_logprobs]}
+                "rollout": dataclasses.asdict(ready.rollout), "old_logprobs": old}
 
     def restore(self, state: Optional[dict]) -> None:
         """Put back what :meth:`checkpoint_state` saved (its prompts are already drawn)."""
@@ -180,12 +182,11 @@ class RolloutPipeline:
             return
         data = dict(state["rollout"])
         data["samples"] = [Sample(**s) for s in data["samples"]]
-        lps = state["learner_logprobs"]
+        old = state["old_logprobs"]
+        if old is not None:
+            old = [[torch.tensor(x, dtype=torch.float32) for x in mini] for mini in old]
         self._step, self._version = int(state["step"]), int(state["version"])
-        self._ready = ReadyRollout(
-            ScoredRollout(**data),
-            None if lps is None else [torch.tensor(x, dtype=torch.float32) for x in lps],
-            policy_lag=self._step - 1 - self._version)
+        self._restored = (ScoredRollout(**data), old)
 
     def close(self) -> None:
         """Wait for a background generation (after an error, before the engine shuts down)."""

@@ -15,7 +15,7 @@ from typing import Dict, List
 
 import torch
 
-from gspo_megatron.algorithms.advantages import compute_group_advantages
+from gspo_megatron.algorithms.advantages import DynamicSamplingBuffer, compute_group_advantages
 from gspo_megatron.rollout.types import GenerationRequest, Sample, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -59,57 +59,59 @@ def _score_round(prompts, engine, reward_runner, params: SamplingParams, n: int,
 def collect_rollout(sampler, engine, reward_runner, tokenizer, cfg, step: int) -> ScoredRollout:
     """Generate and score ``batch.num_prompts_per_step`` groups (fewer if dynamic sampling runs dry)."""
     n = cfg.rollout.n_samples_per_prompt
-    want = cfg.batch.num_prompts_per_step
     dyn = cfg.algo.dynamic_sampling
+    groups = DynamicSamplingBuffer(cfg.batch.num_prompts_per_step, drop_zero_variance=dyn.enabled)
     out = ScoredRollout()
     start = time.perf_counter()
-    num_generated = num_dropped = num_zero_var = 0
     all_rewards: List[float] = []
     rounds = 1 + (dyn.max_rounds if dyn.enabled else 0)
     for round_index in range(rounds):
-        missing = want - out.num_sequences // n
-        if missing <= 0:
+        if groups.is_full:
             break
-        prompts = sampler.next_batch(missing)
+        prompts = sampler.next_batch(groups.num_missing)
         out.num_prompts_drawn += len(prompts)
         params = SamplingParams.from_config(cfg.rollout,
                                             seed=generation_seed(cfg.trainer.seed, step, round_index))
         params = SamplingParams(**{**params.__dict__,
                                    "stop_token_ids": tuple(_eos_ids(tokenizer))})
-        samples, groups, adv, zero_var = _score_round(prompts, engine, reward_runner, params, n,
-                                                      cfg.algo)
-        num_generated += len(samples)
-        all_rewards.extend(groups.flatten().tolist())
-        num_zero_var += int(zero_var.sum())
-        for g in range(len(prompts)):
-            out.group_rewards[prompts[g].prompt_id] = groups[g].tolist()
-            if dyn.enabled and bool(zero_var[g]):
-                num_dropped += 1
-                continue
-            out.samples.extend(samples[g * n:(g + 1) * n])
-            out.rewards.extend(groups[g].tolist())
-            out.advantages.extend(adv[g].tolist())
+        samples, rewards, adv, zero_var = _score_round(prompts, engine, reward_runner, params, n,
+                                                       cfg.algo)
+        all_rewards.extend(rewards.flatten().tolist())
+        for g, prompt in enumerate(prompts):
+            out.group_rewards[prompt.prompt_id] = rewards[g].tolist()
+        groups.add([(samples[g * n:(g + 1) * n], rewards[g].tolist(), adv[g].tolist())
+                    for g in range(len(prompts))], zero_var)
+    for group_samples, group_rewards, group_adv in groups.take():
+        out.samples.extend(group_samples)
+        out.rewards.extend(group_rewards)
+        out.advantages.extend(group_adv)
     if out.num_sequences == 0:
         raise RuntimeError(f"step {step}: dynamic sampling dropped every group in {rounds} rounds "
                            "(all rewards equal); lower the difficulty or disable "
                            "algo.dynamic_sampling")
-    lengths = [len(s.response_token_ids) for s in out.samples]
-    rewards_t = torch.tensor(all_rewards)
-    out.metrics = {
-        "reward/mean": float(rewards_t.mean()),
-        "reward/std": float(rewards_t.std()) if len(all_rewards) > 1 else 0.0,
-        "rollout/zero_variance_group_frac": num_zero_var / max(num_generated // n, 1),
-        "rollout/dropped_groups": float(num_dropped),
-        "rollout/num_sequences": float(out.num_sequences),
-        "rollout/response_len_mean": sum(lengths) / len(lengths),
-        "rollout/response_len_max": float(max(lengths)),
-        "rollout/truncated_frac": sum(s.finish_reason == "length" for s in out.samples) / len(lengths),
-        "time/rollout_s": time.perf_counter() - start,
-    }
+    out.metrics = _rollout_metrics(out, all_rewards, groups, n, time.perf_counter() - start)
     out.metrics.update({k: v for k, v in engine.metrics.as_dict().items()
                         if k.startswith("rollout/tokens_per_s")})
     out.metrics.update(reward_runner.last_stats())
     return out
+
+
+def _rollout_metrics(out: ScoredRollout, all_rewards: List[float], groups: DynamicSamplingBuffer,
+                     n: int, seconds: float) -> Dict[str, float]:
+    """Rewards of every generated sample (dropped groups included); lengths of the kept ones."""
+    lengths = [len(s.response_token_ids) for s in out.samples]
+    rewards_t = torch.tensor(all_rewards)
+    return {
+        "reward/mean": float(rewards_t.mean()),
+        "reward/std": float(rewards_t.std()) if len(all_rewards) > 1 else 0.0,
+        "rollout/zero_variance_group_frac": groups.num_zero_variance / max(groups.num_seen, 1),
+        "rollout/dropped_groups": float(groups.num_dropped),
+        "rollout/num_sequences": float(out.num_sequences),
+        "rollout/response_len_mean": sum(lengths) / len(lengths),
+        "rollout/response_len_max": float(max(lengths)),
+        "rollout/truncated_frac": sum(s.finish_reason == "length" for s in out.samples) / len(lengths),
+        "time/rollout_s": seconds,
+    }
 
 
 def _eos_ids(tokenizer) -> List[int]:

@@ -47,6 +47,11 @@ class Bucket:
     def shapes(self) -> List[List[int]]:
         return [list(t.shape) for _, t in self.items]
 
+    @classmethod
+    def from_items(cls, items: List[Tuple[str, torch.Tensor]]) -> "Bucket":
+        """A bucket of already-grouped pairs (the learner's gather buckets them itself)."""
+        return cls(list(items), sum(tensor_bytes(t) for _, t in items))
+
     def flatten(self) -> torch.Tensor:
         """The bucket as one uint8 tensor in SGLang's ``flattened_bucket`` layout."""
         return flat_bucket.flatten([t for _, t in self.items])

@@ -1,114 +1,155 @@
-"""Broadcast-group transport: learner rank 0 -> every rollout server (disaggregated mode).
+"""Broadcast-group transport (disaggregated mode): each pipeline stage's first rank -> every server.
 
-What SGLang's ``/init_weights_update_group`` + ``/update_weights_from_distributed`` implement:
-the learner (group rank 0) and each server TP rank (ranks ``1..``) join one process group (NCCL
-on GPU, gloo on CPU). Per bucket, the learner posts the bucket's names / dtypes / shapes to
-every server (``load_format="flattened_bucket"``) and, while those requests wait, broadcasts
-the bucket as one flat uint8 tensor; the servers load it by HF name. Cache flush and the new
-``weight_version`` ride on the last bucket only.
+What SGLang's ``/init_weights_update_group`` + ``/update_weights_from_distributed`` implement
+(sglang 0.5.23 ``model_runner_components/weight_updater.py``): the sender (group rank 0) and
+each member server's TP ranks (ranks ``1..``, by ``rank_offset``) join one process group (NCCL on
+GPU, gloo on CPU). Per bucket, the sender posts the bucket's names / dtypes / shapes to every
+member (``load_format="flattened_bucket"``, ``flush_cache=False``) and, while those requests wait,
+broadcasts the bucket as one flat uint8 tensor; the servers load it by HF name.
 
-    t = BroadcastTransport(engine.clients, "10.0.0.1", 29600, bucket_bytes=512 << 20)
-    t.connect(); t.send(hf_named_tensors, weight_version="step-3"); t.close()
+With pipeline parallelism every stage's first rank owns one such group (``<group>_pp<stage>``,
+rendezvous on its own host, at its address on the route to the servers:
+distributed/host_address.py) and sends its stage's buckets itself, as slime does; the groups are
+formed and used one stage at a time (weight_sync/sync.py, checkpoint/gather.py), since a server
+serves one group call at a time and two stages waiting on each other's servers would deadlock.
 
-A server that dies during a broadcast stalls the collective until ``timeout_s``; the run then
-fails loudly (restart the fleet) rather than leave servers on mixed weights.
+Membership: :meth:`connect` is called when the set of live servers changed (a server died or came
+back) or a bucket failed: the old group is destroyed on the surviving servers and here, and a new
+group is formed under a new name on a fresh port. Lazy NCCL init on both sides: sglang 0.5.23 joins without ``device_id``
+(``init_custom_process_group(device_id=None)``); an eager init on one side only would deadlock
+the group's creation, so this side does not pass it either.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import List, Optional, Sequence
+from typing import List, Optional
 
 import torch
 
+from gspo_megatron.distributed.host_address import update_group_address
 from gspo_megatron.rollout import sglang_api as api
-from gspo_megatron.rollout.types import NamedTensors, WeightSyncStats, WeightTransport
+from gspo_megatron.rollout.sglang_client import ServerUnavailable, SGLangServerClient
 from gspo_megatron.rollout.update_group import (broadcast_from_learner, create_update_group,
                                                 destroy_update_group)
-from gspo_megatron.weight_sync.buckets import iter_buckets
+from gspo_megatron.weight_sync.buckets import Bucket
+from gspo_megatron.weight_sync.sync import BucketTransport
 
 log = logging.getLogger(__name__)
 
 
-class BroadcastTransport(WeightTransport):
-    """One broadcast group spanning this process (rank 0) and all servers' TP ranks."""
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host if host not in ("localhost",) else "127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    def __init__(self, clients: Sequence, master_address: str, master_port: int,
-                 bucket_bytes: int, backend: Optional[str] = None,
-                 server_tp_sizes: Optional[Sequence[int]] = None,
-                 group_name: str = api.DEFAULT_GROUP_NAME, timeout_s: float = 600.0) -> None:
-        self.clients = list(clients)
+
+class BroadcastTransport(BucketTransport):
+    """One broadcast group between this process (rank 0) and every member server's TP ranks."""
+
+    dst = "stage"
+
+    def __init__(self, bucket_bytes: int, server_tp_size: int = 1,
+                 master_address: Optional[str] = None, master_port: Optional[int] = None,
+                 backend: Optional[str] = None, group_name: str = api.DEFAULT_GROUP_NAME,
+                 timeout_s: float = 600.0, engine=None) -> None:
+        super().__init__(engine, bucket_bytes)
+        if server_tp_size < 1:
+            raise ValueError(f"server TP size must be >= 1, got {server_tp_size}")
+        self.server_tp_size = server_tp_size
         self.master_address = master_address
-        self.master_port = int(master_port)
-        self.bucket_bytes = bucket_bytes
+        """Rendezvous host; None: this host's address on the route to the first member."""
+        self._first_port = master_port
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self.device = torch.device("cuda", torch.cuda.current_device()) \
             if self.backend == "nccl" else torch.device("cpu")
-        self.server_tp_sizes = list(server_tp_sizes or [1] * len(self.clients))
-        if len(self.server_tp_sizes) != len(self.clients):
-            raise ValueError("server_tp_sizes needs one entry per server")
-        self.group_name = group_name
+        self.base_group_name = group_name
         self.timeout_s = timeout_s
         self.group = None
-        self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.clients)),
-                                        thread_name_prefix="weight-sync")
+        self.clients: List[SGLangServerClient] = []
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._formation = 0
+
+    @property
+    def group_name(self) -> str:
+        """``<group>[_pp<stage>][_<n>]``: the n-th re-formation gets a new name (an abandoned
+        group stays registered under the old one in this process)."""
+        c = self.coordinator
+        name = self.base_group_name if c.num_stages == 1 else f"{self.base_group_name}_pp{c.stage}"
+        return name if self._formation == 0 else f"{name}_{self._formation}"
 
     @property
     def world_size(self) -> int:
-        return 1 + sum(self.server_tp_sizes)
+        return 1 + self.server_tp_size * len(self.clients)
 
-    def _on_all_servers(self, call, payloads: List[dict]):
-        return [self._pool.submit(call(c), p) for c, p in zip(self.clients, payloads)]
-
-    def connect(self) -> None:
-        """Create the group on both sides (the servers' requests return once all joined)."""
-        offsets = [1 + sum(self.server_tp_sizes[:i]) for i in range(len(self.clients))]
-        payloads = [api.init_group_payload(self.master_address, self.master_port, off,
-                                           self.world_size, self.group_name, self.backend)
-                    for off in offsets]
-        futures = self._on_all_servers(lambda c: c.init_weights_update_group, payloads)
-        self.group = create_update_group(self.master_address, self.master_port, 0, self.world_size,
+    def connect(self, members: List[str]) -> None:
+        """(Re)form the group with ``members``; blocks until every server joined."""
+        if self.clients:
+            self._disconnect()
+            self._formation += 1
+        self.clients = [SGLangServerClient(a, self.timeout_s, self.timeout_s) for a in members]
+        if not self.clients:
+            raise RuntimeError("no live rollout server to send weights to")
+        self._pool = ThreadPoolExecutor(max_workers=len(self.clients), thread_name_prefix="weight-sync")
+        host = update_group_address(self.master_address, members)
+        port = self._first_port or _free_port(host)
+        self._first_port = None  # a re-formed group rendezvous on a fresh port
+        payload = lambda i: api.init_group_payload(  # noqa: E731
+            host, port, 1 + i * self.server_tp_size, self.world_size,
+            self.group_name, self.backend)
+        futures = [self._pool.submit(c.init_weights_update_group, payload(i))
+                   for i, c in enumerate(self.clients)]
+        self.group = create_update_group(host, port, 0, self.world_size,
                                          self.group_name, self.backend, self.timeout_s)
         for f in futures:
             f.result(timeout=self.timeout_s)
         log.info("weight broadcast group %s ready: %d servers, world %d (%s)", self.group_name,
                  len(self.clients), self.world_size, self.backend)
 
-    def send(self, named_tensors: NamedTensors, weight_version: Optional[str] = None) -> WeightSyncStats:
-        if self.group is None:
-            self.connect()
-        stats = WeightSyncStats()
-        t0 = time.perf_counter()
-        buckets = iter_buckets(named_tensors, self.bucket_bytes)
-        bucket = next(buckets, None)
-        while bucket is not None:
-            nxt = next(buckets, None)
-            last = nxt is None
-            body = api.update_distributed_payload(bucket.names, bucket.dtype_names, bucket.shapes,
-                                                  self.group_name, flush_cache=last,
-                                                  weight_version=weight_version if last else None)
-            flat = bucket.flatten().to(self.device)
-            futures = self._on_all_servers(lambda c: c.update_weights_from_distributed,
-                                           [body] * len(self.clients))
-            broadcast_from_learner(flat, self.group)
-            for f in futures:
-                f.result(timeout=self.timeout_s)
-            stats.num_buckets += 1
-            stats.num_tensors += len(bucket.items)
-            stats.num_bytes += bucket.num_bytes
-            bucket = nxt
-        stats.seconds = time.perf_counter() - t0
-        return stats
+    def send_bucket(self, bucket: Bucket, weight_version: Optional[str] = None) -> None:
+        """Post the metadata, broadcast the bytes; a server that refuses (it then receives
+        nothing, e.g. outside a session) fails the bucket at once with SGLang's message instead
+        of leaving the collective waiting for it."""
+        body = api.update_distributed_payload(bucket.names, bucket.dtype_names, bucket.shapes,
+                                              self.group_name, flush_cache=False,
+                                              weight_version=weight_version)
+        flat = bucket.flatten().to(self.device)
+        futures = [self._pool.submit(c.update_weights_from_distributed, body) for c in self.clients]
+        work = broadcast_from_learner(flat, self.group, async_op=True)
+        deadline = time.monotonic() + self.timeout_s
+        while not (work.is_completed() and all(f.done() for f in futures)):
+            failed = next((f for f in futures if f.done() and f.exception() is not None), None)
+            if failed is not None or time.monotonic() > deadline:
+                self._abandon_group()
+                if failed is not None:
+                    raise failed.exception()
+                raise TimeoutError(f"bucket broadcast to {[c.address for c in self.clients]} "
+                                   f"did not finish in {self.timeout_s}s")
+            time.sleep(0.001)
+        for f in futures:
+            f.result()
+
+    def _abandon_group(self) -> None:
+        """A collective is left pending: drop the group, re-form a new one next update."""
+        self.group = None
+        self.coordinator.last_members = None
+
+    def _disconnect(self) -> None:
+        """Destroy the group on the servers (best effort: some may be dead) and here."""
+        for c in self.clients:
+            try:
+                c.destroy_weights_update_group(self.group_name)
+            except (ServerUnavailable, api.ServerRefused) as exc:
+                log.warning("destroying group %s on %s: %s", self.group_name, c.address, exc)
+        if self.group is not None:
+            destroy_update_group(self.group)
+        self.group, self.clients = None, []
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
 
     def close(self) -> None:
-        if self.group is not None:
-            for c in self.clients:
-                try:
-                    c.destroy_weights_update_group(self.group_name)
-                except Exception as exc:  # a dead server must not block shutdown
-                    log.warning("destroying group on %s failed: %s", c.address, exc)
-            destroy_update_group(self.group)
-            self.group = None
-        self._pool.shutdown(wait=False)
+        self._disconnect()

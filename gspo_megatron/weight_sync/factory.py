@@ -1,75 +1,81 @@
 """Pick and build the weight transport for an engine from ``rollout.weight_sync``.
 
 =========================  =======================  ==========================================
-engine                     ``transport``            built
+``rollout.engine``         ``transport``            built
 =========================  =======================  ==========================================
 embedded                   ``auto`` / ``tensor``    :class:`InProcessTransport`
 embedded                   ``disk``                 :class:`DiskTransport` (engine loads files)
 sglang / reference         ``auto`` disaggregated,  :class:`BroadcastTransport` (NCCL on GPU,
-                           ``nccl``                 gloo on CPU)
-sglang                     ``auto`` colocated,      :class:`CudaIpcTransport`
-                           ``tensor``
+                           ``nccl``                 gloo on CPU; one group per pipeline stage)
+sglang / reference         ``auto`` colocated,      :class:`CudaIpcTransport` (CUDA IPC on GPU,
+                           ``tensor``               shared memory on CPU)
 sglang / reference         ``disk``                 :class:`DiskTransport` (update_from_disk)
 =========================  =======================  ==========================================
 
-The transport is attached to the engine, so the trainer only calls
-``engine.update_weights(hf_named_tensors)``.
+On the main rank the transport is attached to the engine (``engine.update_weights`` runs the
+whole protocol); on the other ranks of a learner, :func:`build_stage_transport` gives the
+broadcast sender of a pipeline stage's first rank (every other transport is fed from rank 0).
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from gspo_megatron.rollout.embedded import EmbeddedEngine
-from gspo_megatron.rollout.embedded_process import EmbeddedProcessEngine
-from gspo_megatron.rollout.sglang_engine import SGLangEngine
-from gspo_megatron.rollout.types import RolloutEngine, WeightTransport
 from gspo_megatron.weight_sync.disk import DiskTransport
 from gspo_megatron.weight_sync.distributed_broadcast import BroadcastTransport
-from gspo_megatron.weight_sync.in_process import CudaIpcTransport, InProcessTransport
+from gspo_megatron.weight_sync.in_process import InProcessTransport
+from gspo_megatron.weight_sync.sync import BucketTransport
+from gspo_megatron.weight_sync.tensor_ipc import CudaIpcTransport
+
+SERVER_ENGINES = ("sglang", "reference")
 
 
-_IN_PROCESS_LOADERS = (EmbeddedEngine, EmbeddedProcessEngine)
-"""Engines whose ``load_weights`` this process can call (the second one writes shared memory)."""
-
-
-def resolve_transport(transport: str, engine: RolloutEngine, mode: str) -> str:
-    """``auto`` -> ``tensor`` for in-process engines and colocated servers, else ``nccl``."""
+def resolve_transport(transport: str, engine_kind: str, mode: str) -> str:
+    """``auto`` -> ``tensor`` for the embedded engine and colocated servers, else ``nccl``."""
+    if transport not in ("auto", "nccl", "tensor", "disk"):
+        raise ValueError(f"rollout.weight_sync.transport={transport!r} is not one of "
+                         "auto, nccl, tensor, disk")
     if transport != "auto":
         return transport
-    if isinstance(engine, _IN_PROCESS_LOADERS) or mode == "colocated":
-        return "tensor"
-    return "nccl"
+    return "tensor" if engine_kind == "embedded" or mode == "colocated" else "nccl"
 
 
-def build_transport(sync_cfg, engine: RolloutEngine, mode: str = "colocated",
-                    server_tp_size: int = 1, master_address: str = "127.0.0.1",
+def transport_dst(sync_cfg, engine_kind: str, mode: str) -> str:
+    """Where the learner's gather must deliver buckets for this transport (every rank knows)."""
+    return "stage" if resolve_transport(sync_cfg.transport, engine_kind, mode) == "nccl" else "rank0"
+
+
+def build_transport(sync_cfg, engine, engine_kind: str, mode: str = "colocated",
+                    server_tp_size: int = 1, master_address: Optional[str] = None,
                     master_port: Optional[int] = None, config_dir: Optional[str] = None,
-                    attach: bool = True) -> WeightTransport:
-    """Build the transport named by ``sync_cfg`` (a ``WeightSyncConfig``) for ``engine``."""
-    kind = resolve_transport(sync_cfg.transport, engine, mode)
-    embedded = isinstance(engine, _IN_PROCESS_LOADERS)
-    if not embedded and not isinstance(engine, SGLangEngine):
-        raise TypeError(f"no weight transport for engine type {type(engine).__name__}")
+                    attach: bool = True) -> BucketTransport:
+    """The transport named by ``sync_cfg`` (a ``WeightSyncConfig``) into ``engine``."""
+    kind = resolve_transport(sync_cfg.transport, engine_kind, mode)
+    servers = engine_kind in SERVER_ENGINES
     if kind == "tensor":
-        transport = (InProcessTransport(engine, sync_cfg.bucket_bytes) if embedded
-                     else CudaIpcTransport(engine.clients, sync_cfg.bucket_bytes, server_tp_size))
+        transport = (CudaIpcTransport(engine, sync_cfg.bucket_bytes, server_tp_size) if servers
+                     else InProcessTransport(engine, sync_cfg.bucket_bytes))
     elif kind == "disk":
-        transport = DiskTransport(sync_cfg.disk_dir, sync_cfg.bucket_bytes,
-                                  engine=engine if embedded else None,
-                                  clients=() if embedded else engine.clients, config_dir=config_dir)
-    elif kind == "nccl":
-        if embedded:
+        transport = DiskTransport(sync_cfg.disk_dir, sync_cfg.bucket_bytes, engine=engine,
+                                  servers=servers, config_dir=config_dir)
+    else:
+        if not servers:
             raise ValueError("rollout.weight_sync.transport=nccl needs server engines "
                              "(sglang/reference); the embedded engine uses 'tensor' or 'disk'")
-        if master_port is None:
-            raise ValueError("the nccl (broadcast) transport needs a master_port for its group")
-        transport = BroadcastTransport(engine.clients, master_address, master_port,
-                                       sync_cfg.bucket_bytes,
-                                       server_tp_sizes=[server_tp_size] * len(engine.clients))
-    else:
-        raise ValueError(f"rollout.weight_sync.transport={sync_cfg.transport!r} is not one of "
-                         "auto, nccl, tensor, disk")
+        transport = build_stage_transport(sync_cfg, server_tp_size,
+                                          master_address or sync_cfg.master_address,
+                                          master_port or sync_cfg.master_port)
+        transport.engine = engine
     if attach:
         engine.attach_weight_transport(transport)
     return transport
+
+
+def build_stage_transport(sync_cfg, server_tp_size: int = 1, master_address: Optional[str] = None,
+                          master_port: Optional[int] = None) -> BroadcastTransport:
+    """The broadcast sender of one pipeline stage. Its group rendezvous at ``master_address``
+    (None: this host's address on the route to the servers) on ``master_port`` (None: a free
+    port). ``weight_sync.master_address`` / ``master_port`` name rank 0's host and port, so only
+    :func:`build_transport` (the main rank) passes them."""
+    return BroadcastTransport(sync_cfg.bucket_bytes, server_tp_size,
+                              master_address=master_address, master_port=master_port)

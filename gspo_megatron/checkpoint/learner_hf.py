@@ -3,26 +3,26 @@
 Start of a run: fill the learner's parameters from ``model.hf_path`` with the same mapping and
 slicing as the conversion tool. End of a run: stream the gathered parameters into sharded
 safetensors with config, generation config and tokenizer, written to a temporary directory and
-renamed into place.
+renamed into place. The learner is duck-typed (``model`` chunks, ``model_cfg``, ``cfg``,
+``optimizer``), so this checkpoint glue does not import the learner package.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator, Optional, Tuple
+from typing import Optional
 
-import torch
 import torch.distributed as dist
 
 from gspo_megatron.checkpoint.convert import fill_from_hf
-from gspo_megatron.checkpoint.export import write_hf_metadata
+from gspo_megatron.checkpoint.export import write_hf_directory
 from gspo_megatron.checkpoint.gather import iter_hf_tensors
-from gspo_megatron.checkpoint.hf_io import HFCheckpointReader, SafetensorsShardWriter
-from gspo_megatron.checkpoint.meta import partial_dir, publish
+from gspo_megatron.checkpoint.hf_io import HFCheckpointReader
 from gspo_megatron.model.provider import padded_vocab_size
 
 
 def unwrapped_chunks(learner):
+    """The learner's model chunks without their DDP wrappers."""
     return [getattr(chunk, "module", chunk) for chunk in learner.model]
 
 
@@ -37,25 +37,13 @@ def load_hf_into_learner(learner, hf_dir: str | Path) -> int:
     return num_bytes
 
 
-def learner_hf_tensors(learner, dst: str = "rank0") -> Iterator[Tuple[str, torch.Tensor]]:
-    """Collective: every rank must exhaust it; full tensors appear on rank 0 (or all)."""
-    return iter_hf_tensors(unwrapped_chunks(learner), learner.model_cfg, learner.cfg.parallel,
-                           dst=dst)
-
-
 def export_learner_to_hf(learner, out_dir: str | Path, tokenizer_dir: Optional[str] = None,
                          max_shard_bytes: int = 5 * 10**9) -> Path:
     """Collective: write the learner's current policy as an HF checkpoint directory."""
-    is_main = not dist.is_initialized() or dist.get_rank() == 0
     dtype = next(unwrapped_chunks(learner)[0].parameters()).dtype
-    writer = SafetensorsShardWriter(partial_dir(out_dir), max_shard_bytes) if is_main else None
-    for name, tensor in learner_hf_tensors(learner):
-        writer.add(name, tensor.to(dtype))
-    if writer is not None:
-        writer.finish()
-        write_hf_metadata(writer.dir, learner.model_cfg,
-                          Path(tokenizer_dir) if tokenizer_dir else None, dtype)
-        publish(writer.dir, out_dir)
+    write_hf_directory(iter_hf_tensors(unwrapped_chunks(learner), learner.model_cfg), Path(out_dir),
+                       learner.model_cfg, Path(tokenizer_dir) if tokenizer_dir else None, dtype,
+                       max_shard_bytes)
     if dist.is_initialized():
         dist.barrier()
     return Path(out_dir)

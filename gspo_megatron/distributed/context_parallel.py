@@ -1,4 +1,8 @@
-"""Context parallelism (CP): which tokens of a micro-batch each CP rank holds, and its local view.
+"""Context parallelism (CP) index math: which positions of a sequence each CP rank holds.
+
+Pure torch, no process groups, so both the learner (which cuts micro-batches into CP shares,
+``learner/batch.py``) and the model (whose local CP attention and RoPE slice by the same indices,
+``model/context_parallel_attention.py``) import it from this floor below them.
 
 Megatron's convention (``megatron.core.utils.get_batch_on_this_cp_rank``): a sequence is cut into
 ``2 * cp`` equal chunks and CP rank ``r`` holds chunks ``r`` and ``2 * cp - 1 - r``, so every rank
@@ -8,26 +12,16 @@ gets the same amount of causal-attention work (an early chunk is cheap, a late o
   multiple of ``2 * cp``; each rank keeps the columns :func:`load_balanced_indices` of every row.
   Megatron's RoPE slices its position table with the same indices.
 - ``packed`` layout (Transformer Engine THD, GPU): one row of concatenated sequences, each padded
-  to a multiple of ``2 * cp`` (``cu_seqlens_padded``); each rank keeps chunks ``r`` and
-  ``2 * cp - 1 - r`` of *every sequence* (:func:`thd_partition_indices`, the pure-torch
-  equivalent of TE's ``thd_get_partitioned_indices``).
-
-:func:`shard_micro_batch` turns a full micro-batch into this rank's view: tokens / labels /
-positions restricted to its columns (labels are taken from the full row first, so the next token
-of a chunk's last position is right), response positions re-indexed into the local row, the
-per-response-token tensors filtered, and two things the loss and the log-prob gather need: the
-*full* response length of every sequence and each local token's index inside its response.
+  to a multiple of ``2 * cp`` (:func:`padded_boundaries`, ``cu_seqlens_padded``); each rank keeps
+  chunks ``r`` and ``2 * cp - 1 - r`` of *every sequence* (:func:`thd_partition_indices`, the
+  pure-torch equivalent of TE's ``thd_get_partitioned_indices``).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING, List, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
-
-if TYPE_CHECKING:  # pragma: no cover
-    from gspo_megatron.learner.batch import MicroBatch
 
 
 def _check_rank(cp_size: int, cp_rank: int) -> None:
@@ -95,27 +89,3 @@ def response_token_index(seq_index: torch.Tensor, num_seqs: int) -> torch.Tensor
     counts = torch.bincount(seq_index, minlength=num_seqs)
     starts = torch.cumsum(counts, 0) - counts
     return torch.arange(seq_index.numel()) - starts[seq_index]
-
-
-def shard_micro_batch(mb: "MicroBatch", columns: torch.Tensor, cp_size: int,
-                      cp_rank: int) -> "MicroBatch":
-    """This CP rank's view of ``mb``, keeping ``columns`` (int64 ``[S_local]``) of every row.
-
-    ``response_positions`` index the flattened local ``[R * S_local]`` logits; ``seq_index``,
-    ``extras`` keep only the response tokens predicted on this rank, in the same order.
-    """
-    rows, length = mb.tokens.shape
-    local_len = columns.numel()
-    where = torch.full((length,), -1, dtype=torch.int64)
-    where[columns] = torch.arange(local_len)
-    row, col = mb.response_positions // length, mb.response_positions % length
-    keep = where[col] >= 0
-    counts = torch.bincount(mb.seq_index, minlength=mb.num_seqs)
-    token_index = response_token_index(mb.seq_index, mb.num_seqs)
-    return replace(
-        mb, tokens=mb.tokens[:, columns], labels=mb.labels[:, columns],
-        position_ids=mb.position_ids[:, columns],
-        response_positions=row[keep] * local_len + where[col[keep]],
-        seq_index=mb.seq_index[keep], extras={k: v[keep] for k, v in mb.extras.items()},
-        full_seq_token_counts=counts, token_index=token_index[keep],
-        cp_size=cp_size, cp_rank=cp_rank)

@@ -1,0 +1,81 @@
+"""``gspo-plan CONFIG [key=value ...] --nodes N [N ...] [--gpus-per-node 8] [--gpu-memory 80GB]``:
+will the config's layout fit, and which layouts fit N nodes best?
+
+Prints the per-GPU memory of the config's own learner layout term by term (weights, gradients,
+optimizer state, FP8 copies, activations, logits / log-prob pass) and of its SGLang servers
+(weights, KV cache, sequences that fit), rough times, then for each ``--nodes`` the best layouts
+as config overrides. Pure Python, no torch import: it answers in well under a second. Exit codes:
+0 done (even when nothing fits: the output says so), 2 bad config or arguments.
+
+    gspo-plan configs/qwen3_30b_a3b_gspo.yaml --nodes 4 8
+    gspo-plan configs/qwen3_235b_a22b_gspo.yaml --nodes 8 --gpu-memory 141GB --search-optimizer
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+EXIT_CONFIG = 2
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
+    parser = argparse.ArgumentParser(prog="gspo-plan", description=__doc__.splitlines()[0])
+    parser.add_argument("config", help="YAML file in configs/")
+    parser.add_argument("overrides", nargs="*", help="dot-list overrides, e.g. model.recompute=full")
+    parser.add_argument("--nodes", type=int, nargs="*", default=[],
+                        help="node counts to rank layouts for (learner + rollout nodes)")
+    parser.add_argument("--gpus-per-node", type=int, default=None,
+                        help="default: launch.devices_per_node (8)")
+    parser.add_argument("--gpu-memory", default=None,
+                        help="memory per GPU, e.g. 80GB or 141GB (default: plan.gpu_memory_gb, "
+                             "else 80GB)")
+    parser.add_argument("--top", type=int, default=3, help="layouts to print per node count")
+    parser.add_argument("--search-optimizer", action="store_true",
+                        help="also try the precision-aware optimizer (bf16 moments) and "
+                             "optimizer CPU offload")
+    parser.add_argument("--json", action="store_true", help="one JSON document instead of text")
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Print the plan(s); returns the exit code."""
+    args = parse_args(argv)
+    from gspo_megatron.config import ConfigError, load_config
+    from gspo_megatron.planner.hardware import parse_memory
+    from gspo_megatron.planner.plan import hardware_from_config, plain_config, plan_config
+    from gspo_megatron.planner.report import as_dict, describe, ranking
+    from gspo_megatron.planner.search import search
+
+    try:
+        cfg = plain_config(load_config(args.config, args.overrides))
+        memory = parse_memory(args.gpu_memory) if args.gpu_memory else None
+        if any(n < 2 for n in args.nodes):
+            raise ConfigError("--nodes: need at least 2 nodes (learner and rollout nodes)")
+        if args.gpus_per_node is not None and args.gpus_per_node < 1:
+            raise ConfigError("--gpus-per-node: must be >= 1")
+        hw = hardware_from_config(cfg, gpu_memory_bytes=memory, gpus_per_node=args.gpus_per_node)
+        own = plan_config(cfg, hw)
+        ranked = {n: search(cfg, hw, n, top=args.top, search_optimizer=args.search_optimizer)
+                  for n in args.nodes}
+    except ConfigError as exc:
+        print(f"gspo-plan: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.json:
+        print(json.dumps({"config": as_dict(own),
+                          "ranked": {str(n): [as_dict(p) for p in plans]
+                                     for n, plans in ranked.items()}}, indent=2))
+        return 0
+    print(describe(own, f"{args.config}: the config's own layout "
+                        f"({hw.gpu_memory_bytes / 1e9:g} GB GPUs)"))
+    for n, plans in ranked.items():
+        print()
+        print(ranking(plans, n))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""Write a checkpoint directory so that it is either complete or absent.
+
+Collective (every rank calls :func:`atomic_save`):
+
+1. rank 0 checks the free space against the checkpoint's size (the sharded tensors' bytes,
+   summed over ranks) and creates ``<dir>.partial``; if that fails, every rank raises the same
+   :class:`OutputWriteError`, so no rank enters the save alone;
+2. ``dist_checkpointing.save`` writes into ``<dir>.partial``; a failure there (a shard write,
+   reported on every rank by ``save_state_dict_async_finalize`` in megatron-core 0.16.1
+   ``strategies/state_dict_saver.py``) removes the partial directory and raises one readable
+   :class:`OutputWriteError` (``learner/disk_space.py``);
+3. rank 0 writes ``gspo_meta.json``, then ``manifest.json`` (``learner/checkpoint_files.py``),
+   then renames the directory into place (an older version is kept as ``<dir>.old`` until the
+   rename is done; ``clean_leftovers`` finishes or undoes an interrupted rename).
+
+A failure on rank 0 alone inside step 2 (``common.pt``, ``.metadata``) leaves the other ranks
+waiting in a collective; the launcher (torchrun, srun) ends them when rank 0 exits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import shutil
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
+
+from gspo_megatron.learner.checkpoint_files import META_FILE, write_manifest
+from gspo_megatron.learner.disk_space import (OutputWriteError, check_free_space,
+                                              describe_write_failure)
+
+FORMAT = "gspo-megatron-v1"
+
+log = logging.getLogger(__name__)
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def jsonable(value):
+    """Dataclasses and OmegaConf nodes as plain JSON values; anything else unchanged."""
+    if is_dataclass(value):
+        return asdict(value)
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(value, DictConfig):
+            return OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        pass
+    return value
+
+
+def _rank0_then_agree(fn: Callable[[], None], path: Path, what: str) -> None:
+    """Run ``fn`` on rank 0; if it fails, every rank raises the same :class:`OutputWriteError`."""
+    message = None
+    if _rank() == 0:
+        try:
+            fn()
+        except OutputWriteError as exc:
+            message = str(exc)
+        except OSError as exc:
+            message = describe_write_failure(exc, path, what)
+    if _world() > 1:
+        box = [message]
+        dist.broadcast_object_list(box, src=0)
+        message = box[0]
+    if message:
+        raise OutputWriteError(message)
+
+
+def _state_nbytes(state: Dict[str, Any]) -> int:
+    """Bytes the checkpoint of ``state`` will take, summed over ranks (collective)."""
+    from megatron.core.dist_checkpointing.mapping import ShardedBase, is_main_replica
+
+    local, todo = 0, [state]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            todo.extend(node.values())
+        elif isinstance(node, (list, tuple)):
+            todo.extend(node)
+        elif isinstance(node, ShardedBase):
+            data = getattr(node, "data", None)
+            if torch.is_tensor(data) and is_main_replica(node.replica_id):
+                local += data.numel() * data.element_size()
+        elif torch.is_tensor(node) and _rank() == 0:  # common state, written by rank 0
+            local += node.numel() * node.element_size()
+    if _world() > 1:
+        on_gpu = dist.get_backend() == "nccl"  # NCCL reduces device tensors only
+        total = torch.tensor([local], dtype=torch.int64,
+                             device=torch.cuda.current_device() if on_gpu else "cpu")
+        dist.all_reduce(total)
+        return int(total.item())
+    return local
+
+
+def _use_in_process_write_results(filesystem_async) -> None:
+    """Keep dist_checkpointing's write results in this process instead of a spawned Manager.
+
+    megatron-core 0.16.1 ``strategies/filesystem_async.py`` (``_get_write_results_queue``)
+    lazily starts ``mp.get_context("spawn").Manager()`` for the queue that carries write
+    results; that server process (~270 MB) and multiprocessing's resource tracker outlive a
+    trainer killed with SIGKILL. Our saves are synchronous: ``AsyncRequest.execute_sync``
+    (``strategies/async_utils.py``) runs the writer proxy and ``retrieve_write_results`` in
+    this very process, so a thread-safe in-process queue carries the same results.
+    """
+    if getattr(filesystem_async, "_results_queue", None) is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
+def atomic_save(state: Dict[str, Any], directory: str | Path, meta: Dict[str, Any]) -> None:
+    """Write ``state`` into ``<dir>.partial`` and rename it into place once it is complete.
+
+    Collective. Before writing, the expected size is checked against the free space; if any
+    write fails, the partial directory is removed and every rank raises one
+    :class:`OutputWriteError` that names the path and the cause. The manifest is written last.
+    """
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    final = Path(directory)
+    partial = final.with_name(final.name + ".partial")
+    what = f"checkpoint {final.name}"
+    expected = _state_nbytes(state)
+
+    def prepare() -> None:
+        shutil.rmtree(partial, ignore_errors=True)
+        check_free_space(partial.parent, expected, what)
+        partial.mkdir(parents=True)
+
+    _rank0_then_agree(prepare, final, what)
+    _use_in_process_write_results(filesystem_async)
+    _barrier()
+    try:
+        dist_checkpointing.save(state, str(partial))
+    except (Exception, CheckpointException) as exc:  # torch's CheckpointException is a BaseException
+        message = describe_write_failure(exc, final, what)
+        if _rank() == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            log.error("%s; removed %s", message, partial)
+        raise OutputWriteError(message) from None
+    _barrier()
+
+    def finish() -> None:
+        try:
+            body = {"format": FORMAT, **{k: jsonable(v) for k, v in meta.items()}}
+            (partial / META_FILE).write_text(json.dumps(body, indent=2, sort_keys=True))
+            write_manifest(partial)
+            _publish(partial, final)
+        except OSError as exc:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise OutputWriteError(describe_write_failure(exc, final, what)) from None
+        log.info("saved checkpoint %s (step %s)", final, meta.get("step"))
+
+    _rank0_then_agree(finish, final, what)
+    _barrier()
+
+
+def _publish(partial: Path, final: Path) -> None:
+    """Rename a complete ``partial`` to ``final``, replacing an older ``final`` (kept until then)."""
+    if final.exists():
+        old = final.with_name(final.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(partial, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(partial, final)

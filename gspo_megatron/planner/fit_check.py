@@ -1,0 +1,78 @@
+"""The fit check entry points run after loading a config: refuse a layout predicted not to fit
+the declared GPUs (``load_fitting_config`` = ``config.load_config`` + :func:`check_fit`; used by
+``gspo-train`` and the Slurm launch plan, so a job that cannot fit never reaches the queue).
+
+Runs when ``plan.gpu_memory_gb`` is set and ``plan.check_fit`` is true (``plan.check_fit=false``
+is the explicit override). The learner's per-GPU peak must fit ``gpu_memory_gb - reserved_gb``;
+with SGLang rollouts, the server's KV cache at ``mem_fraction_static`` must hold at least one
+sequence of ``data.max_prompt_tokens + rollout.max_new_tokens`` tokens. The error names the
+biggest terms and the planner's best layout on the same learner GPUs, as overrides.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List, Optional
+
+from gspo_megatron.config.load import load_config
+from gspo_megatron.config.validate import ConfigError
+from gspo_megatron.planner.hardware import GB
+from gspo_megatron.planner.plan import Plan, hardware_from_config, plain_config, plan_config
+
+
+def fit_problems(plan: Plan, cfg) -> List[str]:
+    """Human-readable reasons the plan does not fit (empty when it fits)."""
+    problems = []
+    hw = plan.hardware
+    if not plan.learner_fits:
+        est = plan.learner
+        terms = ", ".join(f"{t.name} {t.bytes / GB:.1f} GB" for t in est.biggest(3))
+        problems.append(
+            f"learner: predicted peak {est.peak_bytes / GB:.1f} GB per GPU (pipeline stage "
+            f"{est.stage}, {est.peak_moment}) exceeds {hw.usable_bytes / GB:.1f} GB "
+            f"(plan.gpu_memory_gb={cfg.plan.gpu_memory_gb:g} minus plan.reserved_gb="
+            f"{cfg.plan.reserved_gb:g}); biggest terms: {terms}")
+    if cfg.rollout.engine == "sglang" and not plan.rollout.fits:
+        r, sg = plan.rollout, cfg.rollout.sglang
+        problems.append(
+            f"rollout.sglang.tp: {r.weights_bytes / GB:.1f} GB of weights per GPU at tp={sg.tp} "
+            f"leave {max(r.kv_cache_bytes, 0) / GB:.1f} GB of KV cache at mem_fraction_static="
+            f"{sg.mem_fraction_static:g}: not one sequence of {r.seq_len} tokens fits")
+    return problems
+
+
+def suggestion(cfg, plan: Plan) -> Optional[Plan]:
+    """The planner's best fitting plan on the same number of learner nodes, if any."""
+    from gspo_megatron.planner.search import search
+
+    g = plan.hardware.gpus_per_node
+    learner_nodes = max(1, math.ceil(plan.layout.world_size / g))
+    rollout_gpus = cfg.rollout.sglang.num_servers * cfg.rollout.sglang.tp
+    rollout_nodes = max(1, math.ceil(rollout_gpus / g))
+    best = search(cfg, plan.hardware, learner_nodes + rollout_nodes, top=1,
+                  search_optimizer=True, learner_nodes=[learner_nodes])
+    return best[0] if best and best[0].fits else None
+
+
+def check_fit(cfg, world_size: Optional[int] = None) -> None:
+    """Raise :class:`ConfigError` when the layout is predicted not to fit (see module doc)."""
+    if cfg.plan.gpu_memory_gb is None or not cfg.plan.check_fit:
+        return
+    cfg = plain_config(cfg)
+    plan = plan_config(cfg, hardware_from_config(cfg), world_size)
+    problems = fit_problems(plan, cfg)
+    if not problems:
+        return
+    best = suggestion(cfg, plan)
+    hint = (f"the planner suggests: {' '.join(best.overrides())}" if best else
+            "no layout of these learner GPUs fits; see gspo-plan CONFIG --nodes N")
+    raise ConfigError("plan: layout predicted not to fit the GPUs:\n  " + "\n  ".join(problems)
+                      + f"\n  {hint}\n  (gspo-plan CONFIG shows every term; "
+                      "plan.check_fit=false skips this check)")
+
+
+def load_fitting_config(path, overrides=(), *, world_size: Optional[int] = None):
+    """``config.load_config`` followed by :func:`check_fit` (same arguments)."""
+    cfg = load_config(path, overrides, world_size=world_size)
+    check_fit(cfg, world_size=world_size)
+    return cfg

@@ -1,0 +1,150 @@
+"""The rollout servers behind one engine: membership, load, and what each one serves.
+
+A server is a *member* while it is alive and serves the engine's current weights. One that
+fails a request and then its health probe leaves the membership (the batch's samples go to the
+others); it comes back only when it can be trusted again: either it answers ``/model_info``
+with the engine's current ``weight_version`` (it was only briefly unreachable), or the next
+weight sync re-admits it and sends it the new weights (a restarted process serves the initial
+weights, so it must not generate before that sync).
+
+Each server also remembers the request ids sent to it that have not been answered, including
+attempts the client gave up on (SGLang keeps generating those until told otherwise): the sync
+protocol aborts them by id.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence, Set, Tuple
+
+from gspo_megatron.rollout import sglang_api as api
+from gspo_megatron.rollout.sglang_client import SGLangServerClient, ServerUnavailable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerState:
+    """One server as the engine sees it."""
+
+    client: SGLangServerClient
+    outstanding: int = 0
+    """Requests of this engine in flight on it (for least-loaded scheduling)."""
+    alive: bool = True
+    weight_version: Optional[str] = None
+    """Version it was last synced to (None: never synced by this engine)."""
+    sent_rids: Set[str] = field(default_factory=set)
+    """Request ids sent and not answered (abandoned attempts included)."""
+
+    @property
+    def address(self) -> str:
+        return self.client.address
+
+
+class NoLiveServer(RuntimeError):
+    """Every server of the pool is out of rotation."""
+
+
+class ServerPool:
+    """Thread-safe membership and least-loaded choice among servers."""
+
+    def __init__(self, clients: Sequence[SGLangServerClient]) -> None:
+        if not clients:
+            raise ValueError("a rollout server pool needs at least one server address (host:port)")
+        self.servers = [ServerState(c) for c in clients]
+        self._lock = threading.Lock()
+
+    @property
+    def members(self) -> List[ServerState]:
+        with self._lock:
+            return [s for s in self.servers if s.alive]
+
+    @property
+    def dead(self) -> List[str]:
+        with self._lock:
+            return [s.address for s in self.servers if not s.alive]
+
+    # --- scheduling -------------------------------------------------------------------------
+    def acquire(self, tried: Set[str], current_version: Optional[str]) -> ServerState:
+        """The least-loaded member, preferring ones this sample has not failed on."""
+        if not self.members:
+            self.readmit_current(current_version)  # a transient failure may have marked all down
+        with self._lock:
+            live = [s for s in self.servers if s.alive]
+            fresh = [s for s in live if s.address not in tried] or live
+            if not fresh:
+                raise NoLiveServer(f"no live rollout server among {[s.address for s in self.servers]}")
+            server = min(fresh, key=lambda s: s.outstanding)
+            server.outstanding += 1
+            return server
+
+    def release(self, server: ServerState) -> None:
+        with self._lock:
+            server.outstanding -= 1
+
+    def sent(self, server: ServerState, rid: str) -> None:
+        with self._lock:
+            server.sent_rids.add(rid)
+
+    def answered(self, server: ServerState, rid: str) -> None:
+        with self._lock:
+            server.sent_rids.discard(rid)
+
+    def mark_dead(self, server: ServerState, reason: str) -> None:
+        with self._lock:
+            was_alive, server.alive = server.alive, False
+        if was_alive:
+            log.warning("rollout server %s leaves the rotation: %s", server.address, reason)
+
+    # --- re-admission -----------------------------------------------------------------------
+    def _reachable_version(self, server: ServerState) -> Tuple[bool, Optional[str]]:
+        try:
+            info = server.client.model_info(timeout_s=5.0)
+        except (ServerUnavailable, api.ServerRefused, ValueError):
+            return False, None
+        return True, info.get("weight_version")
+
+    def readmit_current(self, current_version: Optional[str]) -> List[str]:
+        """Re-admit dead servers that serve ``current_version`` (no sync needed); their names."""
+        back = []
+        for s in [s for s in self.servers if not s.alive]:
+            ok, version = self._reachable_version(s)
+            if ok and (current_version is None or version == current_version):
+                with self._lock:
+                    s.alive = True
+                log.info("rollout server %s is back (weight_version %s)", s.address, version)
+                back.append(s.address)
+        return back
+
+    def readmit_for_sync(self) -> List[str]:
+        """Re-admit every reachable dead server; the sync about to run sends it the weights."""
+        back = []
+        for s in [s for s in self.servers if not s.alive]:
+            if self._reachable_version(s)[0]:
+                with self._lock:
+                    s.alive = True
+                log.info("rollout server %s is reachable again; it rejoins with this sync", s.address)
+                back.append(s.address)
+        return back
+
+    # --- fleet-wide calls -------------------------------------------------------------------
+    def on_members(self, call: Callable[[ServerState], None], what: str) -> List[str]:
+        """Run ``call`` on every member in parallel. A member that is unreachable leaves the
+        rotation (its address is returned); a refusal (:class:`api.ServerRefused`) propagates."""
+        members = self.members
+        if not members:
+            raise NoLiveServer(f"{what}: no live rollout server among "
+                               f"{[s.address for s in self.servers]}")
+        lost: List[str] = []
+        with ThreadPoolExecutor(max_workers=len(members), thread_name_prefix="rollout-ctl") as pool:
+            futures = [(s, pool.submit(call, s)) for s in members]
+            for s, fut in futures:
+                try:
+                    fut.result()
+                except ServerUnavailable as exc:
+                    self.mark_dead(s, f"{what}: {exc}")
+                    lost.append(s.address)
+        return lost

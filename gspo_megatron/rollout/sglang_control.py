@@ -1,0 +1,154 @@
+"""The control side of a weight sync and of colocated memory, fleet-wide, as SGLang 0.5.23 wants it.
+
+Weight sync (``begin`` ... transport sends buckets ... ``finish``), each phase on every member
+server in parallel and timed:
+
+1. ``/pause_generation {mode: abort}``: new requests wait, running ones are aborted, and the call
+   returns once nothing runs (tokenizer_manager.pause_generation). Without it a flush after the
+   update is refused while requests run (scheduler.flush_cache) and the update fails.
+2. ``/abort_request {rid}`` for every request id the client sent and was not answered, including
+   attempts it gave up on (those keep generating on their server otherwise).
+3. ``/resume_memory_occupation {tags: [weights]}`` when the weights were released (colocated).
+4. ``/begin_weight_update``: ``update_weights_from_distributed`` / ``_from_tensor`` return
+   ``success: false`` outside a session (scheduler_components/weight_updater.py). The disk path
+   needs no session (``update_weights_from_disk`` does its own post-load processing).
+5. the transport sends the buckets;
+6. ``/end_weight_update``: runs the post-load processing of the new weights;
+7. ``/flush_cache``: the prefix cache holds KV of the old weights (skipped while the KV cache is
+   released: releasing it flushed already);
+8. ``/continue_generation`` (deferred while memory is released: ``resume_memory`` continues).
+
+A member that is unreachable during a phase leaves the rotation and is reported in the metrics
+(``weight_sync/num_skipped_servers``); a refusal raises :class:`sglang_api.ServerRefused` naming
+the server, the endpoint and SGLang's message.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+from typing import Dict, Iterator, List, Optional, Sequence, Set
+
+from gspo_megatron.rollout import sglang_api as api
+from gspo_megatron.rollout.server_pool import ServerPool, ServerState
+from gspo_megatron.rollout.sglang_client import ServerUnavailable
+
+log = logging.getLogger(__name__)
+
+
+class FleetControl:
+    """Pause / abort / session / flush / continue and memory release over a :class:`ServerPool`."""
+
+    def __init__(self, pool: ServerPool) -> None:
+        self.pool = pool
+        self.weight_version: Optional[str] = None
+        self.released: Set[str] = set()
+        """Memory tags released on the servers (colocated mode)."""
+        self.paused = False
+        self.pause_epoch = 0
+        """Bumped at every pause: an ``abort`` finish of a request sent before it was ours."""
+        self.phases: Dict[str, float] = {}
+        self._session = False
+
+    @contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - t0
+
+    def _all(self, name: str, call) -> None:
+        with self._phase(name):
+            self.pool.on_members(call, name)
+
+    # --- pause / abort ----------------------------------------------------------------------
+    def pause_and_abort(self) -> None:
+        """Phases 1 and 2: nothing of ours runs on any member afterwards."""
+        self.pause_epoch += 1
+        self.paused = True
+        self._all("pause", lambda s: s.client.pause_generation("abort"))
+        self._all("abort", self._abort_sent)
+
+    def _abort_sent(self, s: ServerState) -> None:
+        for rid in sorted(s.sent_rids):
+            s.client.abort_request(rid)
+        s.sent_rids.clear()
+
+    def _continue(self) -> None:
+        self._all("continue", lambda s: s.client.continue_generation())
+        self.paused = False
+
+    # --- weight sync ------------------------------------------------------------------------
+    def begin(self, session: bool = True) -> List[str]:
+        """Phases 1-4; returns the member addresses the transport must send to."""
+        self.phases = {}
+        self.pool.readmit_for_sync()
+        self.pause_and_abort()
+        if "weights" in self.released:
+            self._resume(["weights"])
+        if session:
+            self._all("begin", lambda s: s.client.begin_weight_update())
+            self._session = True
+        return [s.address for s in self.pool.members]
+
+    def finish(self, weight_version: Optional[str]) -> None:
+        """Phases 6-8, after the transport sent every bucket."""
+        if self._session:
+            self._all("end", lambda s: s.client.end_weight_update())
+            self._session = False
+        for s in self.pool.members:
+            s.weight_version = weight_version
+        self.weight_version = weight_version
+        if "kv_cache" not in self.released:
+            self._all("flush", lambda s: s.client.flush_cache())
+        if not self.released:
+            self._continue()
+
+    def cancel(self) -> None:
+        """Best effort after a failed transfer: close the session and let generation go on."""
+        for s in self.pool.members:
+            for call in ((s.client.end_weight_update,) if self._session else ()) + \
+                    (s.client.continue_generation,):
+                try:
+                    call()
+                except (ServerUnavailable, api.ServerRefused) as exc:
+                    log.warning("cleanup on %s after a failed weight sync: %s", s.address, exc)
+        self._session = False
+        self.paused = False
+
+    def metrics(self) -> Dict[str, float]:
+        out = {f"weight_sync/{k}_s": v for k, v in self.phases.items()}
+        out["weight_sync/num_servers"] = float(len(self.pool.members))
+        # servers out of rotation before or during this update: they did not get it
+        out["weight_sync/num_skipped_servers"] = float(len(self.pool.dead))
+        if self.pool.dead:
+            log.warning("weight update %s skipped rollout servers out of rotation: %s",
+                        self.weight_version, self.pool.dead)
+        return out
+
+    # --- colocated memory -------------------------------------------------------------------
+    def release_memory(self, tags: Optional[Sequence[str]] = None) -> None:
+        """Pause, abort, then release ``tags`` (all: weights, KV cache, CUDA graphs). SGLang
+        asserts the server is idle (weight_updater.release_memory_occupation)."""
+        tags = list(api.MEMORY_TAGS if tags is None else tags)
+        self.phases = {}
+        self.pause_and_abort()
+        self._all("release", lambda s: s.client.release_memory(tags))
+        self.released |= set(tags)
+
+    def _resume(self, tags: Sequence[str]) -> None:
+        self._all("resume", lambda s: s.client.resume_memory(list(tags)))
+        self.released -= set(tags)
+
+    def resume_memory(self, tags: Optional[Sequence[str]] = None) -> None:
+        """Take back ``tags`` (default: all released); once nothing is released, flush (when the
+        KV cache came back) and continue generation."""
+        tags = sorted(self.released if tags is None else set(tags) & self.released)
+        if tags:
+            self._resume(tags)
+        if not self.released and self.paused and not self._session:
+            if "kv_cache" in tags:
+                self._all("flush", lambda s: s.client.flush_cache())
+            self._continue()

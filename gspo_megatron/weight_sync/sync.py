@@ -1,0 +1,135 @@
+"""The one weight-update loop: the engine's protocol around buckets, for every transport.
+
+    members = engine.begin_weight_update()     # main rank: pause, abort, (resume weights), begin
+    transport.connect(members)                 # senders; stage by stage when membership changed
+    for bucket in buckets:                     # every rank (the learner's gather is collective)
+        transport.send_bucket(bucket)          # senders only: the one place buckets are moved
+    transport.finish(version)                  # main rank (disk: load the written directory)
+    engine.finish_weight_update(version)       # main rank: end, flush, continue
+
+Transports (:class:`BucketTransport` subclasses, one module each) only move buckets: in-process
+copies, CUDA IPC handles, a broadcast group, safetensors files. :class:`Coordinator` says which
+rank does what; :class:`LocalCoordinator` is one process (tests, benchmarks,
+``engine.update_weights``), ``learner_sync.DistCoordinator`` a learner world. A failure after
+``begin`` cancels the update on the servers (session closed, generation continued) and re-raises.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import time
+from typing import Iterable, List, Optional, Sequence
+
+from gspo_megatron.rollout.types import NamedTensors, RolloutEngine, WeightSyncStats, WeightTransport
+from gspo_megatron.weight_sync.buckets import Bucket, iter_buckets
+
+log = logging.getLogger(__name__)
+
+
+class Coordinator:
+    """Which rank does what in one update, and the few collectives between them."""
+
+    is_main = True
+    """Holds the engine: runs the protocol calls."""
+    is_sender = True
+    """Moves buckets into the engine (main rank, or a pipeline stage's first rank)."""
+    stage = 0
+    num_stages = 1
+
+    def __init__(self) -> None:
+        self.last_members: Optional[List[str]] = None
+
+    def broadcast(self, obj):
+        """``obj`` from the main rank, on every rank."""
+        return obj
+
+    def barrier(self) -> None:
+        pass
+
+    def sum(self, values: Sequence[float]) -> List[float]:
+        return list(values)
+
+
+LocalCoordinator = Coordinator
+
+
+class BucketTransport(WeightTransport):
+    """Moves buckets into one engine; the loop and the protocol are :func:`run_update`'s."""
+
+    dst = "rank0"
+    """Where the learner's gathered buckets must arrive: ``rank0`` or each ``stage`` leader."""
+    session = True
+    """Loads tensors inside SGLang's begin/end_weight_update session (disk does not)."""
+
+    def __init__(self, engine: Optional[RolloutEngine], bucket_bytes: int) -> None:
+        if bucket_bytes <= 0:
+            raise ValueError(f"weight_sync.bucket_bytes must be > 0, got {bucket_bytes}")
+        self.engine = engine
+        self.bucket_bytes = bucket_bytes
+        self.coordinator: Coordinator = LocalCoordinator()
+
+    def connect(self, members: List[str]) -> None:
+        """Called on senders when the servers to reach changed (and before the first update)."""
+
+    @abc.abstractmethod
+    def send_bucket(self, bucket: Bucket, weight_version: Optional[str] = None) -> None:
+        """Move one bucket (names, tensors) into the engine's servers / model; servers record
+        ``weight_version`` with every bucket (SGLang records it per successful update call)."""
+
+    def finish(self, weight_version: Optional[str]) -> None:
+        """After the last bucket, on the main rank."""
+
+    def send(self, named_tensors: NamedTensors, weight_version: Optional[str] = None) -> WeightSyncStats:
+        """A whole update from one process (``engine.update_weights``)."""
+        return run_update(self.engine, self, iter_buckets(named_tensors, self.bucket_bytes),
+                          weight_version, self.coordinator)
+
+
+def run_update(engine: Optional[RolloutEngine], transport: Optional[BucketTransport],
+               buckets: Iterable[Bucket], weight_version: Optional[str],
+               coord: Coordinator) -> WeightSyncStats:
+    """One weight update (see the module docstring). Collective when ``coord`` spans ranks:
+    every rank calls it; ``engine`` is needed on the main rank, ``transport`` on senders."""
+    stats = WeightSyncStats()
+    t0 = time.perf_counter()
+    members, error = None, None
+    if coord.is_main:
+        try:
+            members = engine.begin_weight_update(session=transport.session)
+        except Exception as exc:  # every rank must learn that the update will not happen
+            error = exc
+    members, message = coord.broadcast((members, None if error is None else f"{type(error).__name__}: {error}"))
+    if message is not None:
+        if error is not None:
+            raise error
+        raise RuntimeError(f"weight update refused on the main rank: {message}")
+    try:
+        if members != coord.last_members:
+            for stage in range(coord.num_stages):  # stage by stage: servers join one group at a time
+                if coord.is_sender and coord.stage == stage:
+                    transport.connect(members)
+                coord.barrier()
+            coord.last_members = members
+        t1 = time.perf_counter()
+        for bucket in buckets:
+            if coord.is_sender:
+                transport.send_bucket(bucket, weight_version)
+                stats.add_bucket(len(bucket.items), bucket.num_bytes)
+        coord.barrier()
+        if coord.is_main:
+            transport.finish(weight_version)
+        transfer_s = time.perf_counter() - t1
+    except BaseException:
+        if coord.is_main:
+            log.error("weight update to version %s failed; closing it on the servers", weight_version)
+            engine.cancel_weight_update()
+        raise
+    totals = coord.sum([stats.num_tensors, stats.num_bytes, stats.num_buckets])
+    stats.num_tensors, stats.num_bytes, stats.num_buckets = (int(v) for v in totals)
+    if coord.is_main:
+        stats.phases.update(engine.finish_weight_update(weight_version))
+        stats.phases["weight_sync/transfer_s"] = transfer_s
+        engine.metrics.last_weight_sync = stats
+    stats.seconds = time.perf_counter() - t0
+    return stats

@@ -1,0 +1,55 @@
+"""``gspo-plan``: prints both production configs' plans on 4 and 8 nodes in under 5 s of CPU
+(fresh interpreter, torch never imported), JSON output, and exit code 2 with the key named."""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_config import REPO
+
+SCRIPT = ("import sys, runpy; sys.argv = ['gspo-plan'] + sys.argv[1:]; "
+          "from gspo_megatron.cli.plan import main; rc = main(); "
+          "assert 'torch' not in sys.modules, 'gspo-plan imported torch'; sys.exit(rc)")
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", SCRIPT, *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize("config", ["qwen3_30b_a3b_gspo.yaml", "qwen3_235b_a22b_gspo.yaml"])
+def test_plans_both_production_configs_on_4_and_8_nodes_quickly(config):
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = _run(f"configs/{config}", "--nodes", "4", "8", "--search-optimizer")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert out.returncode == 0, out.stderr
+    assert cpu_s < 5.0, f"gspo-plan took {cpu_s:.1f} s of CPU"
+    text = out.stdout
+    for needle in ("the config's own layout", "weights", "grad buffer (fp32)", "optimizer state",
+                   "activations (full recompute", "KV cache per GPU", "FP8 weight copies",
+                   "sequences of 9216 tokens per server", "best layouts on 4 nodes",
+                   "best layouts on 8 nodes", "parallel.tp="):
+        assert needle in text, needle
+    assert "fits, margin" in text.split("rollout")[0]
+    # 30B: one stage, which also runs the log-prob pass; 235B: a middle stage of PP4 (3 in flight)
+    assert ("logits / log-prob pass" in text) == config.startswith("qwen3_30b")
+    assert ("3 in flight" in text) == config.startswith("qwen3_235b")
+
+
+def test_json_output_and_bad_input():
+    out = _run("configs/qwen3_30b_a3b_gspo.yaml", "--nodes", "4", "--json", "--top", "2")
+    doc = json.loads(out.stdout)
+    assert doc["config"]["fits"] and len(doc["ranked"]["4"]) == 2
+    assert doc["config"]["learner"]["peak_gb"] < 76
+    bad = _run("configs/qwen3_30b_a3b_gspo.yaml", "parallel.tpp=2")
+    assert bad.returncode == 2 and "parallel.tpp" in bad.stderr
+    bad = _run("configs/qwen3_30b_a3b_gspo.yaml", "--gpu-memory", "lots")
+    assert bad.returncode == 2 and "--gpu-memory" in bad.stderr
+    bad = _run("configs/qwen3_30b_a3b_gspo.yaml", "--nodes", "1")
+    assert bad.returncode == 2 and "--nodes" in bad.stderr

@@ -1,0 +1,89 @@
+"""A checkpoint write is complete or absent: manifest last, free space checked first, a failed
+write removed and reported in one sentence, no helper process left behind (one gloo process)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import queue
+from collections import namedtuple
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from gspo_megatron.learner import checkpoint_write, disk_space
+from gspo_megatron.learner.checkpoint_files import MANIFEST_FILE, verify_checkpoint
+from gspo_megatron.learner.disk_space import OutputWriteError
+
+Usage = namedtuple("Usage", "total used free")
+
+
+@pytest.fixture()
+def gloo(tmp_path):
+    from gspo_megatron.distributed.cpu_compat import apply_cpu_compat
+
+    if not torch.cuda.is_available():
+        apply_cpu_compat()  # what init_distributed does on a machine without a GPU
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _state():
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    weight = torch.arange(250_000, dtype=torch.float32)
+    return {"w": ShardedTensor.from_rank_offsets("w", weight, replica_id=0), "step": 3}
+
+
+def test_complete_checkpoint_with_manifest_and_no_helper_process(gloo, tmp_path):
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    out = tmp_path / "step_000003"
+    expected = checkpoint_write._state_nbytes(_state())
+    assert expected == 1_000_000
+    checkpoint_write.atomic_save(_state(), out, {"step": 3})
+    assert verify_checkpoint(out) == [] and not (tmp_path / "step_000003.partial").exists()
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    assert {"common.pt", ".metadata", "metadata.json", "gspo_meta.json"} <= set(manifest["files"])
+    # The checkpoint is the tensor bytes plus small metadata: the estimate is close.
+    assert expected <= manifest["total_bytes"] < expected * 1.2
+    # No spawned Manager (it survived SIGKILL of the trainer): write results stay in-process.
+    assert isinstance(filesystem_async._results_queue, queue.Queue)
+    assert multiprocessing.active_children() == []
+
+
+def test_not_enough_space_fails_before_writing(gloo, tmp_path, monkeypatch):
+    monkeypatch.setattr(disk_space.shutil, "disk_usage", lambda _: Usage(10**9, 0, 500_000))
+    out = tmp_path / "step_000001"
+    with pytest.raises(OutputWriteError, match=r"not enough space for checkpoint step_000001"):
+        checkpoint_write.atomic_save(_state(), out, {"step": 1})
+    assert list(tmp_path.iterdir()) == [tmp_path / "store"]
+
+
+def test_failed_write_is_removed_and_reported_as_a_full_disk(gloo, tmp_path, monkeypatch):
+    from megatron.core import dist_checkpointing
+
+    def full_disk(state, directory, **_):
+        (tmp_path / "step_000002.partial" / "__0_0.distcp").write_bytes(b"x" * 100)
+        monkeypatch.setattr(disk_space.shutil, "disk_usage", lambda _: Usage(10**9, 0, 0))
+        raise RuntimeError("Worker failure: [enforce fail at inline_container.cc:672] . "
+                           "unexpected pos 704 vs 598")
+
+    monkeypatch.setattr(dist_checkpointing, "save", full_disk)
+    out = tmp_path / "step_000002"
+    with pytest.raises(OutputWriteError) as info:
+        checkpoint_write.atomic_save(_state(), out, {"step": 2})
+    assert str(info.value).startswith(f"no space left on {out} while writing checkpoint "
+                                      "step_000002")
+    assert not (tmp_path / "step_000002.partial").exists() and not out.exists()
+
+
+def test_replacing_a_checkpoint_keeps_one_complete_version(gloo, tmp_path):
+    out = tmp_path / "step_000004"
+    checkpoint_write.atomic_save(_state(), out, {"step": 4})
+    checkpoint_write.atomic_save(_state(), out, {"step": 4, "again": True})
+    assert json.loads((out / "gspo_meta.json").read_text())["again"] is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000004", "store"]

@@ -1,0 +1,205 @@
+"""The weight-sync and memory protocol (rollout/sglang_control.py) against the strict stand-in.
+
+The full protocol runs in SGLang's order (checked call by call on every server), colocated
+(release -> resume weights -> tensor-handle update -> resume the rest) and disaggregated; and
+dropping or reordering a step makes the update or the next generation fail, as it would on
+SGLang 0.5.23 (see the reference server's rules).
+"""
+
+import threading
+import time
+
+import pytest
+import requests
+import torch
+
+from gspo_megatron.rollout import sglang_api as api
+from gspo_megatron.rollout.embedded import EmbeddedEngine, teacher_forced_logprobs
+from gspo_megatron.rollout.reference_server import ReferenceServer
+from gspo_megatron.rollout.sglang_client import SGLangServerClient
+from gspo_megatron.rollout.sglang_control import FleetControl
+from gspo_megatron.rollout.sglang_engine import SampleFailed, SGLangEngine
+from gspo_megatron.tiny_task.model import build_tiny_policy
+from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
+from gspo_megatron.weight_sync.tensor_ipc import CudaIpcTransport
+
+PARAMS = SamplingParams(max_new_tokens=5, seed=3, temperature=0.9)
+CONTROL = {api.PAUSE, api.ABORT, api.BEGIN_UPDATE, api.END_UPDATE, api.FLUSH_CACHE, api.CONTINUE,
+           api.RELEASE_MEMORY, api.RESUME_MEMORY, api.UPDATE_FROM_TENSOR}
+
+
+@pytest.fixture(scope="module")
+def new_policy():
+    torch.set_num_threads(1)
+    return build_tiny_policy(seed=6)
+
+
+def _slow_engine():
+    model, tok = build_tiny_policy(seed=0)
+    forward = model.forward
+    model.forward = lambda *a, **k: (time.sleep(0.01), forward(*a, **k))[1]
+    engine = EmbeddedEngine(model, tok)
+    engine._eos_ids = ()  # generations run to max_new_tokens
+    return engine
+
+
+@pytest.fixture
+def fleet():
+    servers = [ReferenceServer(_slow_engine(), enable_memory_saver=True, update_idle_timeout_s=1.0).start()
+               for _ in range(2)]
+    eng = SGLangEngine([s.address for s in servers], request_timeout_s=20, max_retries=0)
+    eng.attach_weight_transport(CudaIpcTransport(eng, bucket_bytes=96 * 1024))
+    yield eng, servers
+    eng.shutdown()
+    for s in servers:
+        s.stop()
+
+
+def _requests(tok):
+    return [GenerationRequest(f"p{i}", tok(t)["input_ids"], n=2) for i, t in enumerate(["1+2=", "hi"])]
+
+
+def _calls(server, start=0):
+    return [p for _, p, _ in server.request_log[start:] if p in CONTROL]
+
+
+def _update(eng, policy, version):
+    return eng.update_weights(((n, t.clone()) for n, t in policy.state_dict().items()), version)
+
+
+def _compress(calls):
+    """Runs of the same bucket call collapsed: [..., tensor x N, ...] -> [..., tensor, ...]."""
+    return [c for i, c in enumerate(calls) if i == 0 or c != calls[i - 1] or c != api.UPDATE_FROM_TENSOR]
+
+
+def _orphan(server, max_new_tokens=300):
+    """A long request on ``server`` that the engine never sent (another client's)."""
+    body = api.generate_payload("orphan", [3, 4], SamplingParams(max_new_tokens=max_new_tokens), 1)
+    t = threading.Thread(target=lambda: requests.post(f"http://{server.address}{api.GENERATE}",
+                                                      json=body, timeout=60), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while "orphan" not in server.scheduler.running:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return t
+
+
+def test_colocated_cycle_in_sglang_order(fleet, new_policy):
+    eng, servers = fleet
+    new, tok = new_policy
+    eng.generate(_requests(tok), PARAMS)
+    eng.pool.servers[0].sent_rids.add("p9/0/0")  # an attempt the client gave up on
+    marks = [len(s.request_log) for s in servers]
+    eng.release_memory()
+    stats = _update(eng, new, "c1")
+    eng.resume_memory()
+    samples = eng.generate(_requests(tok), PARAMS)
+    expected = [api.PAUSE, api.RELEASE_MEMORY, api.PAUSE, api.RESUME_MEMORY, api.BEGIN_UPDATE,
+                api.UPDATE_FROM_TENSOR, api.END_UPDATE, api.RESUME_MEMORY, api.FLUSH_CACHE, api.CONTINUE]
+    assert _compress(_calls(servers[1], marks[1])) == expected
+    first = _calls(servers[0], marks[0])
+    assert _compress(first) == expected[:1] + [api.ABORT] + expected[1:]
+    assert [b for _, p, b in servers[0].request_log if p == api.ABORT] == [{"rid": "p9/0/0"}]
+    resumes = [b for _, p, b in servers[1].request_log[marks[1]:] if p == api.RESUME_MEMORY]
+    assert resumes == [{"tags": ["weights"]}, {"tags": ["cuda_graph", "kv_cache"]}]
+    assert stats.num_buckets > 1 and first.count(api.UPDATE_FROM_TENSOR) == stats.num_buckets
+    for key in ("pause", "resume", "begin", "end", "transfer"):  # phase times in the metrics
+        assert stats.as_metrics()[f"weight_sync/{key}_s"] >= 0
+    for s in samples:
+        assert s.weight_version == "c1"
+        ref = teacher_forced_logprobs(new, s.prompt_token_ids, s.response_token_ids, 0.9)
+        assert torch.allclose(torch.tensor(s.response_logprobs), ref, atol=1e-5)
+
+
+def test_disaggregated_update_in_sglang_order(fleet, new_policy):
+    eng, servers = fleet
+    new, tok = new_policy
+    eng.generate(_requests(tok), PARAMS)
+    mark = len(servers[0].request_log)
+    _update(eng, new, "d1")
+    assert _compress(_calls(servers[0], mark)) == [api.PAUSE, api.BEGIN_UPDATE, api.UPDATE_FROM_TENSOR,
+                                                   api.END_UPDATE, api.FLUSH_CACHE, api.CONTINUE]
+    assert {s.weight_version for s in eng.generate(_requests(tok), PARAMS)} == {"d1"}
+
+
+def _skip(monkeypatch, method):
+    monkeypatch.setattr(SGLangServerClient, method, lambda self, *a, **k: None)
+
+
+def test_without_pause_a_running_request_blocks_the_update(fleet, new_policy, monkeypatch):
+    eng, servers = fleet
+    _orphan(servers[0])
+    _skip(monkeypatch, "pause_generation")
+    with pytest.raises(api.ServerRefused, match="requests still running"):
+        _update(eng, new_policy[0], "x")
+
+
+def test_without_begin_the_buckets_are_refused(fleet, new_policy, monkeypatch):
+    eng, servers = fleet
+    _skip(monkeypatch, "begin_weight_update")
+    with pytest.raises(api.ServerRefused) as err:
+        _update(eng, new_policy[0], "x")
+    assert err.value.endpoint == api.UPDATE_FROM_TENSOR and err.value.server in \
+        [s.address for s in servers]
+    assert "must run between begin_weight_update() and end_weight_update()" in str(err.value)
+    monkeypatch.undo()  # the failed update was cancelled on the servers: a full one works
+    _update(eng, new_policy[0], "y")
+    assert {s.weight_version for s in eng.generate(_requests(new_policy[1]), PARAMS)} == {"y"}
+
+
+def test_reordered_end_before_buckets_is_refused(fleet, new_policy, monkeypatch):
+    eng, _ = fleet
+    begin = FleetControl.begin
+
+    def begin_then_end(self, session=True):
+        members = begin(self, session)
+        for s in self.pool.members:
+            s.client.end_weight_update()
+        return members
+
+    monkeypatch.setattr(FleetControl, "begin", begin_then_end)
+    with pytest.raises(api.ServerRefused, match="must run between"):
+        _update(eng, new_policy[0], "x")
+
+
+def test_without_end_generation_and_the_next_update_are_refused(fleet, new_policy, monkeypatch):
+    eng, _ = fleet
+    _skip(monkeypatch, "end_weight_update")
+    _update(eng, new_policy[0], "x")
+    with pytest.raises(api.ServerRefused, match="session is open"):
+        eng.generate(_requests(new_policy[1]), PARAMS)
+    with pytest.raises(api.ServerRefused, match="already open"):
+        _update(eng, new_policy[0], "x2")
+
+
+def test_without_flush_the_stale_prefix_cache_is_refused(fleet, new_policy, monkeypatch):
+    eng, _ = fleet
+    eng.generate(_requests(new_policy[1]), PARAMS)
+    _skip(monkeypatch, "flush_cache")
+    _update(eng, new_policy[0], "x")
+    with pytest.raises(api.ServerRefused, match="flush_cache after updating"):
+        eng.generate(_requests(new_policy[1]), PARAMS)
+
+
+def test_without_continue_generation_waits_at_the_gate(fleet, new_policy, monkeypatch):
+    eng, _ = fleet
+    for s in eng.pool.servers:
+        s.client.timeout_s = 1.5
+    _skip(monkeypatch, "continue_generation")
+    _update(eng, new_policy[0], "x")
+    with pytest.raises(SampleFailed, match="timed out"):
+        eng.generate(_requests(new_policy[1]), PARAMS)
+
+
+def test_release_needs_the_pause_and_the_update_needs_the_weights_back(fleet, new_policy, monkeypatch):
+    eng, servers = fleet
+    _orphan(servers[0])
+    with monkeypatch.context() as m:
+        m.setattr(SGLangServerClient, "pause_generation", lambda self, *a, **k: None)
+        with pytest.raises(api.ServerRefused, match="only when server is idle"):
+            eng.release_memory()
+    eng.release_memory()  # paused: the orphan is aborted, the servers are idle
+    monkeypatch.setattr(SGLangServerClient, "resume_memory", lambda self, *a, **k: None)
+    with pytest.raises(api.ServerRefused, match="weights memory is released"):
+        _update(eng, new_policy[0], "x")

@@ -1,0 +1,140 @@
+"""The run's checkpoints: resume from the newest complete step (damaged ones named and skipped),
+refuse a changed dataset before loading anything, rotate without ever deleting the only complete
+checkpoint, and keep a fresh start from mixing with an earlier run's checkpoints."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from omegaconf import OmegaConf
+
+from gspo_megatron.config.schema import GSPOConfig
+from gspo_megatron.config.validate import ConfigError
+from gspo_megatron.learner.checkpoint_files import step_dir, write_manifest
+from gspo_megatron.trainer.checkpoints import RunCheckpoints, data_identity, plan_resume
+
+SAMPLER = {"seed": 1234, "shuffle": True, "fingerprint": "abc", "num_records": 100,
+           "epoch": 0, "position": 8, "num_drawn": 8, "retired": {}}
+DATA = data_identity("train.jsonl", SAMPLER)
+
+
+def _cfg(tmp_path, **checkpoint):
+    cfg = OmegaConf.structured(GSPOConfig)
+    cfg.logging.run_dir = str(tmp_path)
+    for key, value in checkpoint.items():
+        cfg.checkpoint[key] = value
+    return cfg
+
+
+def _fake_save(directory, data=DATA, step=0):
+    """The files of a checkpoint, as learner.save_checkpoint would leave them."""
+    directory.mkdir(parents=True)
+    (directory / "gspo_meta.json").write_text(json.dumps({"format": "gspo-megatron-v1",
+                                                          "step": step, "data": data}))
+    for name in ("common.pt", ".metadata", "metadata.json", "__0_0.distcp"):
+        (directory / name).write_bytes(b"x" * 64)
+    write_manifest(directory)
+
+
+class FakeLearner:
+    def __init__(self):
+        self.loaded = None
+
+    def save_checkpoint(self, directory, extra, meta):
+        _fake_save(directory, meta["data"], extra["trainer_step"])
+
+    def load_checkpoint(self, directory):
+        self.loaded = directory
+        return {"trainer_step": int(directory.name[5:]), "sampler": SAMPLER}
+
+
+class FakeSampler:
+    def __init__(self, state=SAMPLER):
+        self.state = state
+        self.loaded = None
+
+    def state_dict(self):
+        return dict(self.state)
+
+    def load_state_dict(self, state):
+        if state["fingerprint"] != self.state["fingerprint"]:
+            raise ValueError("sampler state does not match this dataset/settings")
+        self.loaded = state
+
+
+def _root(tmp_path):
+    return tmp_path / "checkpoints"
+
+
+def test_resume_from_newest_complete_step_skipping_damaged_ones(tmp_path, caplog):
+    for step in (2, 4, 6):
+        _fake_save(step_dir(_root(tmp_path), step))
+    (step_dir(_root(tmp_path), 6) / "__0_0.distcp").unlink()  # damaged newest
+    cfg = _cfg(tmp_path)
+    with caplog.at_level(logging.INFO):
+        where = plan_resume(cfg, DATA, is_main=True)
+    assert where == step_dir(_root(tmp_path), 4)
+    assert "skipping damaged checkpoint" in caplog.text and "step_000006" in caplog.text
+    learner, sampler = FakeLearner(), FakeSampler()
+    state = RunCheckpoints(cfg, learner, sampler, True, DATA, where).resume()
+    assert state.step == 4 and learner.loaded == where and sampler.loaded == SAMPLER
+
+
+def test_no_checkpoint_is_a_fresh_start_or_an_error_when_resume_is_required(tmp_path):
+    assert plan_resume(_cfg(tmp_path), DATA, is_main=True) is None
+    _fake_save(step_dir(_root(tmp_path), 1))
+    (step_dir(_root(tmp_path), 1) / "manifest.json").unlink()
+    with pytest.raises(ConfigError, match=r"resume=always but .* no complete checkpoint \(1 "
+                                          "damaged\\)"):
+        plan_resume(_cfg(tmp_path, resume="always"), DATA, is_main=True)
+
+
+@pytest.mark.parametrize("changed, message", [
+    (dict(fingerprint="zzz", num_records=90),
+     "data.train_path changed since .*\\(100 prompts, id fingerprint abc\\), now other.jsonl has "
+     "90 prompts"),
+    (dict(seed=7), "trainer.seed is 7 but .* was trained with trainer.seed=1234"),
+    (dict(shuffle=False), "data.shuffle is False"),
+])
+def test_changed_data_is_refused_before_loading_with_the_way_out(tmp_path, changed, message):
+    _fake_save(step_dir(_root(tmp_path), 3))
+    now = data_identity("other.jsonl", {**SAMPLER, **changed})
+    with pytest.raises(ConfigError, match=message) as info:
+        plan_resume(_cfg(tmp_path), now, is_main=True)
+    assert "logging.run_dir" in str(info.value) and "checkpoint.resume=never" in str(info.value)
+
+
+def test_resume_never_moves_earlier_checkpoints_aside(tmp_path):
+    _fake_save(step_dir(_root(tmp_path), 5))
+    cfg = _cfg(tmp_path, resume="never")
+    assert plan_resume(cfg, DATA, is_main=True) is None
+    assert RunCheckpoints(cfg, FakeLearner(), FakeSampler(), True, DATA, None).resume() is None
+    moved = list(_root(tmp_path).glob("superseded_*/step_000005"))
+    assert len(moved) == 1 and not step_dir(_root(tmp_path), 5).exists()
+    assert plan_resume(_cfg(tmp_path), DATA, is_main=True) is None  # auto: not resumed from
+
+
+def test_rotation_keeps_the_newest_complete_ones_and_never_the_only_one(tmp_path):
+    cfg = _cfg(tmp_path, keep_last=2)
+    ckpts = RunCheckpoints(cfg, FakeLearner(), FakeSampler(), True, DATA, None)
+    _fake_save(step_dir(_root(tmp_path), 1))
+    (step_dir(_root(tmp_path), 1) / "common.pt").unlink()  # damaged, older than the new ones
+    for step in (2, 3, 4):
+        ckpts.save(step)
+    assert sorted(p.name for p in _root(tmp_path).iterdir()) == ["step_000003", "step_000004"]
+    # Newer steps damaged: the one complete checkpoint stays, whatever keep_last says.
+    cfg.checkpoint.keep_last = 1
+    _fake_save(step_dir(_root(tmp_path), 9))
+    (step_dir(_root(tmp_path), 9) / "manifest.json").unlink()
+    ckpts.rotate()
+    assert sorted(p.name for p in _root(tmp_path).iterdir()) == ["step_000004", "step_000009"]
+
+
+def test_old_checkpoint_without_data_record_still_explains_a_mismatch(tmp_path):
+    _fake_save(step_dir(_root(tmp_path), 2), data=None)
+    where = plan_resume(_cfg(tmp_path), DATA, is_main=True)
+    sampler = FakeSampler({**SAMPLER, "fingerprint": "new"})
+    with pytest.raises(ConfigError, match="sampler state does not match.*logging.run_dir"):
+        RunCheckpoints(_cfg(tmp_path), FakeLearner(), sampler, True, DATA, where).resume()

@@ -1,0 +1,97 @@
+"""Tests of the one weight-update loop (weight_sync/sync.py) with a recording engine and transport."""
+
+import pytest
+import torch
+
+from gspo_megatron.rollout.types import RolloutEngine
+from gspo_megatron.weight_sync.buckets import iter_buckets
+from gspo_megatron.weight_sync.sync import BucketTransport, Coordinator, run_update
+
+
+class Recorder(RolloutEngine):
+    def __init__(self, fail_begin=False):
+        super().__init__()
+        self.calls, self.fail_begin = [], fail_begin
+
+    def _generate(self, requests, params):
+        return []
+
+    def health(self):
+        return True
+
+    def begin_weight_update(self, session=True):
+        self.calls.append(("begin", session))
+        if self.fail_begin:
+            raise RuntimeError("server refused /begin_weight_update")
+        return ["a:1", "b:1"]
+
+    def finish_weight_update(self, weight_version):
+        self.calls.append(("finish", weight_version))
+        return {"weight_sync/pause_s": 0.1}
+
+    def cancel_weight_update(self):
+        self.calls.append(("cancel",))
+
+
+class Sink(BucketTransport):
+    session = False
+
+    def __init__(self, engine, fail_at=None):
+        super().__init__(engine, bucket_bytes=64)
+        self.fail_at = fail_at
+
+    def connect(self, members):
+        self.engine.calls.append(("connect", tuple(members)))
+
+    def send_bucket(self, bucket, weight_version=None):
+        if self.fail_at == len([c for c in self.engine.calls if c[0] == "bucket"]):
+            raise ConnectionError("server died mid-bucket")
+        self.engine.calls.append(("bucket", tuple(bucket.names), weight_version))
+
+    def finish(self, weight_version):
+        self.engine.calls.append(("finish_transport", weight_version))
+
+
+TENSORS = [(f"w{i}", torch.zeros(8)) for i in range(5)]  # 32 bytes each -> buckets of 2
+
+
+def test_the_loop_runs_the_protocol_around_the_buckets():
+    eng = Recorder()
+    sink = Sink(eng)
+    eng.attach_weight_transport(sink)
+    stats = eng.update_weights(iter(TENSORS), "v1")
+    assert eng.calls == [("begin", False), ("connect", ("a:1", "b:1")),
+                         ("bucket", ("w0", "w1"), "v1"), ("bucket", ("w2", "w3"), "v1"),
+                         ("bucket", ("w4",), "v1"), ("finish_transport", "v1"), ("finish", "v1")]
+    assert (stats.num_buckets, stats.num_tensors, stats.num_bytes) == (3, 5, 160)
+    assert stats.phases["weight_sync/pause_s"] == 0.1 and "weight_sync/transfer_s" in stats.phases
+    eng.calls.clear()
+    eng.update_weights(iter(TENSORS[:1]), "v2")
+    assert ("connect", ("a:1", "b:1")) not in eng.calls  # same members: no reconnect
+
+
+def test_a_failed_transfer_is_cancelled_on_the_servers_and_reraised():
+    eng = Recorder()
+    eng.attach_weight_transport(Sink(eng, fail_at=1))
+    with pytest.raises(ConnectionError, match="mid-bucket"):
+        eng.update_weights(iter(TENSORS), "v1")
+    assert eng.calls[-1] == ("cancel",) and ("finish", "v1") not in eng.calls
+
+
+class TwoRanks(Coordinator):
+    """The non-main rank's view: the main rank's begin failed."""
+
+    is_main = False
+    is_sender = True
+
+    def broadcast(self, obj):
+        return (None, "RuntimeError: server refused /begin_weight_update")
+
+
+def test_a_refused_begin_stops_every_rank():
+    eng = Recorder(fail_begin=True)
+    with pytest.raises(RuntimeError, match="refused /begin_weight_update"):
+        run_update(eng, Sink(eng), iter_buckets(iter(TENSORS), 64), "v1", Coordinator())
+    assert eng.calls == [("begin", False)]  # nothing sent, nothing to cancel
+    with pytest.raises(RuntimeError, match="refused on the main rank"):
+        run_update(None, Sink(Recorder()), iter([]), "v1", TwoRanks())
