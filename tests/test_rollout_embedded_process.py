@@ -8,6 +8,7 @@ from gspo_megatron.rollout.embedded import EmbeddedEngine
 from gspo_megatron.rollout.embedded_process import EmbeddedProcessEngine
 from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
+from gspo_megatron.weight_sync.in_process import InProcessTransport
 
 
 def test_child_process_engine_matches_the_in_process_one(tmp_path):
@@ -28,9 +29,11 @@ def test_child_process_engine_matches_the_in_process_one(tmp_path):
         assert remote.metrics.num_samples == 9 and remote.metrics.num_generated_tokens > 0
 
         new = {k: v * 1.5 for k, v in local.model.state_dict().items() if "norm" not in k}
+        # the trainer's path: the in-process transport's buckets -> load_weights (shared memory)
+        remote.attach_weight_transport(InProcessTransport(remote, bucket_bytes=1 << 14))
         stats = remote.update_weights(new.items(), weight_version="7")
         local.load_weights(new.items())
-        assert stats.num_tensors == len(new) and stats.num_bytes > 0
+        assert stats.num_tensors == len(new) and stats.num_bytes > 0 and stats.num_buckets > 1
         assert same()  # the child generates with the weights written into shared memory
         assert {s.weight_version for s in remote.generate(requests, params)} == {"7"}
 

@@ -32,8 +32,8 @@ from gspo_megatron.trainer.evaluation import before_after_table
 from gspo_megatron.trainer.metrics_log import MetricsLogger
 from gspo_megatron.trainer.plot import plot_history
 from gspo_megatron.trainer.preemption import PreemptionFlag
-from gspo_megatron.trainer.preflight import (check_initial_weights, check_input_files,
-                                             load_tokenizer)
+from gspo_megatron.trainer.preflight import (check_hf_weights, check_initial_weights,
+                                             check_input_files, load_tokenizer)
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,8 @@ def _build_weight_sync(parts: TrainerParts, cfg, runtime):
 def build_parts(cfg, runtime, preemption: Optional[PreemptionFlag] = None) -> TrainerParts:
     """Construct every part of a run for this process (collective: call on every rank)."""
     check_input_files(cfg)
+    if runtime.is_main and cfg.rollout.engine == "embedded":
+        check_hf_weights(cfg)  # the engine loads model.hf_path first
     engine = _start_engine(cfg, Path(cfg.logging.run_dir)) if runtime.is_main else None
     try:
         return _build_around_engine(cfg, runtime, preemption, engine)
