@@ -10,7 +10,9 @@ addition task, written once by ``gspo_megatron.tiny_task``; the addition prompts
 samples per RL step (x ``--batch-scale``), at most 16 new tokens, temperature 1; the rollout
 batch split into 4 mini-batches (4 optimizer steps per RL step); sequence-level importance
 ratios clipped at 3e-4 / 4e-4 (GSPO); group-normalised advantages; no KL; Adam at a constant
-1e-5, no weight decay; the exact-match ``tiny_addition`` reward; ``--steps`` RL steps.
+1e-5, no weight decay; the exact-match ``tiny_addition`` reward; ``--steps`` RL steps. gspo-train's
+expert-volatility diagnostic (``algo.diagnostics.expert_volatility_num_seqs``) is off unless
+``--with-diagnostics``: TRL has no counterpart.
 
 Sides:
 - ``trl``: TRL ``GRPOTrainer`` (``importance_sampling_level="sequence"``, ``loss_type="grpo"``,
@@ -60,7 +62,7 @@ def run_trl_child(args) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     sys.path.insert(0, str(REPO))  # the reward only (standard library), not the package
-    from gspo_megatron.tiny_task.task import addition_reward
+    from gspo_megatron.rewards.builtin import addition_reward
 
     assets = Path(args.assets)
     tokenizer = AutoTokenizer.from_pretrained(assets / "model")
@@ -143,6 +145,7 @@ def gspo_command(args, assets: Path, run_dir: Path, extra) -> list:
             "optimizer.lr_decay_style=constant",
             "optimizer.warmup_steps=0", "optimizer.weight_decay=0.0", "algo.old_logprob_source=rollout",
             "checkpoint.save_every_steps=0", "checkpoint.resume=never", "trainer.eval_every_steps=0",
+            *([] if args.with_diagnostics else ["algo.diagnostics.expert_volatility_num_seqs=0"]),
             *extra]
 
 
@@ -208,6 +211,9 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1,
                    help="OMP_NUM_THREADS of every side (1: with two threads a busy machine makes "
                         "OpenMP's barriers spin; both sides slowed down >10x in such runs)")
+    p.add_argument("--with-diagnostics", action="store_true",
+                   help="keep gspo-train's expert-volatility diagnostic on (two extra forward "
+                        "passes per step; TRL computes nothing like it, so it is off by default)")
     p.add_argument("--work", default=str(REPO / "runs" / "bench_vs_trl"))
     p.add_argument("--trl-venv", default=None, help="default: <work>/trl_venv")
     p.add_argument("--trl-version", default="1.16.0")

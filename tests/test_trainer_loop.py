@@ -201,3 +201,20 @@ def test_loop_with_reference_servers(assets, tmp_path, mode):
     for phase in ("pause", "begin", "end", "transfer"):
         assert f"weight_sync/{phase}_s" in sync
     assert ("weight_sync/continue_s" in sync) == (mode == "disaggregated")  # colocated: on resume
+
+
+@pytest.mark.slow
+def test_overlap_with_a_disaggregated_reference_server(assets, tmp_path):
+    """One-step off-policy against a server process: the rollout of step 3 is generated on the
+    server while step 2 trains, by the weights synced after step 1 (sync between take and
+    submit, so no generation is in flight when the update protocol pauses the server)."""
+    from gspo_megatron.distributed.runtime import free_port
+
+    extra = ["trainer.num_steps=3", "rollout.engine=reference", "rollout.mode=disaggregated",
+             "rollout.overlap_one_step=true", f"rollout.sglang.port={free_port()}",
+             "rollout.sglang.health_timeout_s=300"]
+    assert _train(0, _overrides(assets, tmp_path, *extra))["code"] == 0
+    rows = _check_run(tmp_path, 3, first_synced_step=2)
+    assert [r["rollout/policy_lag_steps"] for r in rows[1:]] == [0.0, 1.0, 1.0]
+    for row in rows[2:]:
+        assert row["weight_sync/num_servers"] == 1.0 and "weight_sync/continue_s" in row
