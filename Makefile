@@ -24,7 +24,7 @@ demo: install
 	OMP_NUM_THREADS=2 $(VENV)/bin/gspo-train configs/tiny_cpu.yaml
 
 test: install system-deps
-	$(PY) -m pytest -q -ra -n 2 --dist loadgroup
+	$(PY) -m pytest -q -ra
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
