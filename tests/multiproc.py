@@ -26,6 +26,10 @@ def _worker(fn, rank: int, world_size: int, port: int, kwargs: dict, results) ->
     import torch
 
     torch.set_num_threads(1)
+    if not torch.cuda.is_available():  # before anything imports Megatron (its jit_fuser patch)
+        from gspo_megatron.distributed.cpu_compat import apply_cpu_compat
+
+        apply_cpu_compat()
     try:
         # Serialised to bytes here: tensors sent through the queue as-is travel as shared file
         # descriptors that the parent can only open while this process is still alive.

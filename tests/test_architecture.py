@@ -33,7 +33,6 @@ KNOWN: Dict[str, Dict[str, str]] = {
                     "lead: the GPU kit times CudaIpcTransport.send_bucket alone, without an "
                     "engine session; move it onto weight_sync.sync.run_update after its first GPU run"
                     for m in ("gpu_check.weight_sync_check", "weight_sync.sync")},
-    "config": {"RolloutConfig.overlap_one_step": "i17: rollout.overlap_one_step"},
 }
 
 

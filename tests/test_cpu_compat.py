@@ -7,6 +7,7 @@ CUDA assumption, the probe returns False and this test fails, so the patch can b
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -31,6 +32,24 @@ import torch
 from gspo_megatron.distributed.cpu_compat import apply_cpu_compat, cpu_compat_applied
 apply_cpu_compat(); apply_cpu_compat()  # idempotent
 assert cpu_compat_applied()
+import sys
+import megatron.core.jit
+assert megatron.core.jit.jit_fuser is not torch.compile, "Megatron's fusion decorator is eager"
+assert "torch._dynamo" not in sys.modules, "importing Megatron must not pull in torch._dynamo"
+from megatron.core.dist_checkpointing.strategies import filesystem_async
+assert filesystem_async._get_write_results_queue().__class__.__module__ == "queue"
+import os
+import torch.distributed as dist
+from megatron.core.distributed import param_and_grad_buffer as pgb
+assert pgb.dist_reduce_scatter_func.single_rank_identity and pgb.dist_all_gather_func.single_rank_identity
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PROBE_PORT"])
+dist.init_process_group("gloo", rank=0, world_size=1)
+buf = torch.arange(6.0)
+pgb.dist_reduce_scatter_func(buf[:6], buf, group=dist.group.WORLD)  # same memory: nothing to do
+out = torch.zeros(6)
+assert pgb.dist_all_gather_func(out, buf, group=dist.group.WORLD, async_op=True).wait()
+assert torch.equal(out, torch.arange(6.0)), "one rank: the gather is a copy"
+dist.destroy_process_group()
 assert torch.device(torch.cuda.current_device()).type == "cpu"
 torch.cuda.synchronize()
 assert torch.zeros([], device="cuda").device.type == "cpu"
@@ -60,7 +79,11 @@ with device_redirect_suspended():  # the HF rollout engine runs without the per-
 assert torch.zeros([], device="cuda").device.type == "cpu", "the redirect must come back"
 print("ok")
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    from gspo_megatron.distributed.runtime import free_port
+
+    env = dict(os.environ, PROBE_PORT=str(free_port()))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env=env)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 

@@ -40,6 +40,34 @@ def test_reset_adam_state_equals_a_fresh_optimizer(tmp_path):
     assert out["diff"] < 1e-7, out["diff"]
 
 
+def test_cpu_adam_is_fused_and_steps_like_the_loop():
+    """Megatron's torch-AdamW fallback switched to the fused CPU kernel: same update, one call."""
+    from types import SimpleNamespace
+
+    from gspo_megatron.learner.optimizer import _fuse_cpu_adam
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(5, 3)), torch.nn.Parameter(torch.randn(7))]
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    kwargs = dict(lr=1e-2, weight_decay=0.01, betas=(0.9, 0.99), eps=1e-8)
+    fused = torch.optim.AdamW([{"params": params[:1]}, {"params": params[1:]}], **kwargs)
+    loop = torch.optim.AdamW(twins, foreach=False, **kwargs)
+    chained = SimpleNamespace(chained_optimizers=[SimpleNamespace(optimizer=fused),
+                                                  SimpleNamespace(optimizer=None)])
+    assert _fuse_cpu_adam(chained) == 2
+    assert all(g["fused"] and not g["foreach"] for g in fused.param_groups)
+    assert _fuse_cpu_adam(chained) == 0  # idempotent
+    for _ in range(3):
+        for p, q in zip(params, twins):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        fused.step()
+        loop.step()
+    for p, q in zip(params, twins):
+        assert torch.allclose(p, q, atol=1e-6), (p - q).abs().max()
+    assert fused.state[params[0]]["step"].dtype == torch.float32
+
+
 def test_constant_learning_rate_stage_gives_the_schedule_back_untouched():
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 

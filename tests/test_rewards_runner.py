@@ -75,3 +75,21 @@ def test_metadata_is_passed_and_bad_settings_rejected():
         RewardRunner(uses_metadata, timeout_s=0)
     with pytest.raises(ValueError, match="num_workers"):
         RewardRunner(uses_metadata, num_workers=0)
+
+
+def test_a_hung_call_hands_its_worker_slot_on():
+    """One worker: after the hung first call is abandoned, a fresh worker runs the rest."""
+    release = threading.Event()
+
+    def first_hangs(response, answer, metadata=None):
+        if response == "hang":
+            release.wait(30.0)
+        return 1.0
+
+    try:
+        result = RewardRunner(first_hangs, timeout_s=0.5, num_workers=1).compute(
+            _requests(["hang", "a", "b", "c"]))
+    finally:
+        release.set()
+    assert result.rewards == [0.0, 1.0, 1.0, 1.0]
+    assert result.stats.num_timeouts == 1 and result.stats.num_errors == 0

@@ -38,7 +38,7 @@ def _slow_server(policy, step_s=0.01, **kwargs) -> ReferenceServer:
         return forward(*a, **k)
 
     model.forward = slow_forward
-    engine = EmbeddedEngine(model, tok)
+    engine = EmbeddedEngine(model, tok, lean_decode=False)  # the HF forward, which is slowed
     engine._eos_ids = ()
     return ReferenceServer(engine, **kwargs).start()
 

@@ -38,7 +38,7 @@ def _slow_engine():
     model, tok = build_tiny_policy(seed=0)
     forward = model.forward
     model.forward = lambda *a, **k: (time.sleep(0.01), forward(*a, **k))[1]
-    engine = EmbeddedEngine(model, tok)
+    engine = EmbeddedEngine(model, tok, lean_decode=False)  # the HF forward, which is slowed
     engine._eos_ids = ()  # generations run to max_new_tokens
     return engine
 

@@ -153,7 +153,7 @@ def _slow_server(step_s=0.01) -> ReferenceServer:
     model, tok = build_tiny_policy(seed=0)
     forward = model.forward
     model.forward = lambda *a, **k: (time.sleep(step_s), forward(*a, **k))[1]
-    engine = EmbeddedEngine(model, tok)
+    engine = EmbeddedEngine(model, tok, lean_decode=False)  # the HF forward, which is slowed
     engine._eos_ids = ()
     return ReferenceServer(engine).start()
 

@@ -78,12 +78,26 @@ def _forward_backward(rank: int, layout: dict) -> dict:
     return {"loss": loss, "grad_sq": grad_sq, "num_params": sum(p.numel() for p in model.parameters())}
 
 
+LAYOUTS = {"tp2_sp": dict(tp=2, sp=True), "pp2": dict(pp=2), "ep2": dict(ep=2)}
+
+
+def _all_layouts(rank: int) -> dict:
+    """Every layout on the same two processes (one process group, parallel state rebuilt)."""
+    from megatron.core import parallel_state
+
+    out = {}
+    for name, layout in LAYOUTS.items():
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()
+        out[name] = _forward_backward(rank, layout)
+    return out
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [dict(tp=2, sp=True), dict(pp=2), dict(ep=2)],
-                         ids=["tp2_sp", "pp2", "ep2"])
-def test_tiny_moe_forward_backward_on_two_gloo_ranks(layout):
-    results = run_on_ranks(_forward_backward, world_size=2, layout=layout)
-    for r in results:
-        assert r["grad_sq"] > 0 and torch.isfinite(torch.tensor(r["grad_sq"]))
-    last = results[-1]["loss"]  # the loss lives on the last pipeline stage
-    assert last is not None and 2.0 < last < 6.0, f"unexpected initial loss {last}"
+def test_tiny_moe_forward_backward_on_two_gloo_ranks():
+    results = run_on_ranks(_all_layouts, world_size=2)
+    for name in LAYOUTS:
+        for r in results:
+            assert r[name]["grad_sq"] > 0 and torch.isfinite(torch.tensor(r[name]["grad_sq"])), name
+        last = results[-1][name]["loss"]  # the loss lives on the last pipeline stage
+        assert last is not None and 2.0 < last < 6.0, f"{name}: unexpected initial loss {last}"

@@ -48,13 +48,16 @@ def _rows(run_dir: Path):
         return [json.loads(line) for line in f]
 
 
-def _check_run(run_dir: Path, num_steps: int) -> list:
+def _check_run(run_dir: Path, num_steps: int, first_synced_step: int = 1) -> list:
+    """Every step syncs weights; with the overlap, step 1 trains on the weights synced before
+    it and step k >= 2 syncs those of step k - 1 before submitting the next rollout."""
     rows = _rows(run_dir)
     assert [r["step"] for r in rows] == list(range(num_steps + 1))
     assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[-1]
     for row in rows[1:]:
         assert 0.0 <= row["reward/mean"] <= 1.0
         assert 0.0 <= row["train/clip_frac_token"] <= 1.0 and row["train/grad_norm"] >= 0.0
+    for row in rows[first_synced_step:]:
         assert row["weight_sync/gb"] > 0
         # Expert volatility (the tiny model is MoE) and the per-length diagnostics.
         assert 0.0 <= row["routing/activated_expert_changed_frac"] <= \
@@ -97,34 +100,65 @@ def test_loop_two_gloo_ranks(assets, tmp_path, layout, algo, source):
     assert rows[2]["rollout/learner_vs_engine_abs_logp"] < 1e-4
 
 
+@pytest.mark.slow
+def test_overlap_trains_one_step_off_policy(assets, tmp_path):
+    """Step k+1 is generated while step k trains: from step 2 on the samples are one update old.
+    The learner recomputes their log-probs under the generating weights (equal to the engine's),
+    and the ratio of the first (here: only) mini-batch shows the one-step policy change."""
+    extra = ["rollout.overlap_one_step=true", "algo.old_logprob_source=learner",
+             "algo.tis.enabled=true", "batch.num_mini_batches=1", "algo.entropy_coef=0.1",
+             "optimizer.lr=0.01", "optimizer.warmup_steps=0", "trainer.num_steps=3",
+             "trainer.eval_every_steps=2"]
+    assert _train(0, _overrides(assets, tmp_path, *extra))["code"] == 0
+    rows = _check_run(tmp_path, 3, first_synced_step=2)
+    assert [r["rollout/policy_lag_steps"] for r in rows[1:]] == [0.0, 1.0, 1.0]
+    for row in rows[1:]:
+        assert row["rollout/learner_vs_engine_abs_logp"] < 1e-4
+    spread = [r["train/ratio_max"] - r["train/ratio_min"] for r in rows[1:]]
+    assert spread[0] < 1e-4 and min(spread[1:]) > 1e-3, spread
+    assert "eval/accuracy" in rows[2]
+
+
 def _spawn(assets, run_dir: Path, *extra: str) -> subprocess.Popen:
+    """gspo-train in a child process; its stderr goes to ``<run_dir>.log`` (read by _tail)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    return subprocess.Popen([sys.executable, "-m", "gspo_megatron.cli.train",
+    log = open(f"{run_dir}.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "gspo_megatron.cli.train",
                              str(REPO / "configs" / "tiny_cpu.yaml"),
                              *_overrides(assets, run_dir, "trainer.num_steps=4",
                                          "checkpoint.save_every_steps=1", *extra)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            env=env, stdout=subprocess.DEVNULL, stderr=log)
+    log.close()
+    return proc
+
+
+def _tail(run_dir: Path) -> str:
+    return Path(f"{run_dir}.log").read_text(errors="replace")[-3000:]
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_to_identical_metrics(assets, tmp_path):
+@pytest.mark.parametrize("overlap", [False, True], ids=["on_policy", "overlap_learner_pi_old"])
+def test_killed_run_resumes_to_identical_metrics(assets, tmp_path, overlap):
+    """With the overlap, the checkpoint of step 2 carries the in-flight rollout of step 3 and its
+    pi_old, computed by the learner under the generating weights, which are gone after the kill.
+    The reference and the victim run side by side (independent processes, two cores)."""
     ref_dir, killed_dir = tmp_path / "ref", tmp_path / "killed"
-    ref = _spawn(assets, ref_dir)
-    _, err = ref.communicate(timeout=600)
-    assert ref.returncode == 0, err.decode()[-3000:]
-
-    victim = _spawn(assets, killed_dir)
+    flags = (f"rollout.overlap_one_step={str(overlap).lower()}",)
+    if overlap:
+        flags += ("algo.old_logprob_source=learner",)
+    ref = _spawn(assets, ref_dir, *flags)
+    victim = _spawn(assets, killed_dir, *flags)
     deadline = time.monotonic() + 600
     while not (killed_dir / "checkpoints" / "step_000002" / "gspo_meta.json").exists():
-        assert victim.poll() is None, victim.stderr.read().decode()[-3000:]
+        assert victim.poll() is None, _tail(killed_dir)
         assert time.monotonic() < deadline, "no checkpoint of step 2 appeared"
         time.sleep(0.2)
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=60)
 
-    resumed = _spawn(assets, killed_dir, "--resume")
-    _, err = resumed.communicate(timeout=600)
-    assert resumed.returncode == 0, err.decode()[-3000:]
+    resumed = _spawn(assets, killed_dir, *flags, "--resume")
+    assert resumed.wait(timeout=600) == 0, _tail(killed_dir)
+    assert ref.wait(timeout=600) == 0, _tail(ref_dir)
 
     def comparable(rows):
         return [{k: v for k, v in r.items() if not k.startswith("time/") and "per_s" not in k
@@ -167,3 +201,20 @@ def test_loop_with_reference_servers(assets, tmp_path, mode):
     for phase in ("pause", "begin", "end", "transfer"):
         assert f"weight_sync/{phase}_s" in sync
     assert ("weight_sync/continue_s" in sync) == (mode == "disaggregated")  # colocated: on resume
+
+
+@pytest.mark.slow
+def test_overlap_with_a_disaggregated_reference_server(assets, tmp_path):
+    """One-step off-policy against a server process: the rollout of step 3 is generated on the
+    server while step 2 trains, by the weights synced after step 1 (sync between take and
+    submit, so no generation is in flight when the update protocol pauses the server)."""
+    from gspo_megatron.distributed.runtime import free_port
+
+    extra = ["trainer.num_steps=3", "rollout.engine=reference", "rollout.mode=disaggregated",
+             "rollout.overlap_one_step=true", f"rollout.sglang.port={free_port()}",
+             "rollout.sglang.health_timeout_s=300"]
+    assert _train(0, _overrides(assets, tmp_path, *extra))["code"] == 0
+    rows = _check_run(tmp_path, 3, first_synced_step=2)
+    assert [r["rollout/policy_lag_steps"] for r in rows[1:]] == [0.0, 1.0, 1.0]
+    for row in rows[2:]:
+        assert row["weight_sync/num_servers"] == 1.0 and "weight_sync/continue_s" in row

@@ -53,3 +53,17 @@ def test_learner_pass_per_mini_batch_records_routing_for_replay():
     plain = _Learner()
     assert old_policy_pass(plain, _batch(), _cfg("learner")).routings == [None] * 4
     assert plain.calls == [(2, False)] * 4
+
+
+def test_saved_pi_old_is_attached_without_a_pass():
+    """A restored in-flight rollout (one-step off-policy) brings its pi_old from the checkpoint."""
+    import pytest
+
+    learner = _Learner()
+    saved = [[torch.full((2,), -1.5 - i)] * 2 for i in range(4)]
+    old = old_policy_pass(learner, _batch(), _cfg("learner"), saved=saved)
+    assert learner.calls == [] and old.routings == [None] * 4
+    assert [float(m.old_logprobs[0][0]) for m in old.mini_batches] == [-1.5, -2.5, -3.5, -4.5]
+    assert old.metrics["rollout/learner_vs_engine_abs_logp"] == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="do not match"):
+        old_policy_pass(learner, _batch(), _cfg("learner"), saved=saved[:3])

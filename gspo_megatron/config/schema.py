@@ -282,7 +282,11 @@ class RolloutConfig:
     """Rows per forward pass of the embedded engine (the tiny CPU run: 256 measured ~2.5x
     faster than 64; per-pass overhead dominates a tiny model)."""
     overlap_one_step: bool = False
-    """Generate step k+1 while step k updates (one-step off-policy)."""
+    """Generate step k+1 while step k updates (one-step off-policy; trainer/rollout_pipeline.py).
+    The embedded engine then runs in its own process; SGLang needs ``mode=disaggregated``."""
+    embedded_num_threads: int = 1
+    """Torch threads of the embedded engine's process (``overlap_one_step`` only); the main
+    learner rank gives up as many of its own (at least one stays)."""
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
 

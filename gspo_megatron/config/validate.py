@@ -221,6 +221,23 @@ def _check_paper_experiments(cfg, check) -> None:
     check(stop is None or stop > 0, "trainer.sft_stop_loss", f"{stop} must be > 0 (or null)")
 
 
+def _check_overlap(cfg, check) -> None:
+    """One-step off-policy rollouts (rollout.overlap_one_step) and the engine's process."""
+    r = cfg.rollout
+    check(r.embedded_num_threads >= 1, "rollout.embedded_num_threads", "must be >= 1")
+    if not r.overlap_one_step:
+        return
+    check(r.engine == "embedded" or r.mode == "disaggregated", "rollout.overlap_one_step",
+          "colocated SGLang servers share the learner's GPUs and cannot generate while it "
+          "trains; set rollout.mode=disaggregated")
+    check(r.engine != "embedded" or r.weight_sync.transport in ("auto", "tensor"),
+          "rollout.weight_sync.transport", "the embedded engine's process takes weights through "
+          "shared memory ('auto' or 'tensor') when rollout.overlap_one_step=true")
+    check(not cfg.algo.routing_replay, "algo.routing_replay",
+          "with rollout.overlap_one_step the in-flight rollout's recorded routing would not "
+          "survive a checkpoint; replay routing on-policy (rollout.overlap_one_step=false)")
+
+
 def validate_config(cfg, world_size: Optional[int] = None) -> None:
     """Raise ConfigError listing every inconsistency found; return None when all is well.
 
@@ -248,6 +265,7 @@ def validate_config(cfg, world_size: Optional[int] = None) -> None:
     _check_optimizer(cfg, check)
     _check_optimizer_memory_options(cfg, check)
     _check_paper_experiments(cfg, check)
+    _check_overlap(cfg, check)
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
 

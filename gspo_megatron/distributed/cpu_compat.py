@@ -90,6 +90,97 @@ def device_redirect_suspended():
 # ---- the patches -----------------------------------------------------------------------------
 
 
+def _eager(fn=None, **_kwargs):
+    """``torch.compile``'s decorator forms, returning the function itself."""
+    return fn if fn is not None else (lambda f: f)
+
+
+def _patch_jit_fuser() -> None:
+    """Import Megatron with ``torch.compile`` as a no-op, so its ``jit_fuser`` is one.
+
+    ``megatron/core/jit.py`` sets ``jit_fuser = torch.compile`` when Megatron is imported and
+    ~40 fusion helpers are decorated with it at import time; the first decoration imports
+    ``torch._dynamo``: ~2.5 CPU-seconds of every process start (docs/performance.md). None of
+    these helpers is on the CPU path (local spec, unfused bias/activation), and compiling them on
+    CPU would need inductor's C++ toolchain. Must run before anything imports Megatron; later it
+    only makes decorations that are still to come eager (``disable_jit_fuser``).
+    """
+    import sys
+
+    if "megatron.core.jit" in sys.modules:
+        import megatron.core.jit as jit
+
+        jit.disable_jit_fuser()
+        return
+    original = torch.compile
+    torch.compile = _eager  # type: ignore[assignment]
+    try:
+        import megatron.core  # noqa: F401  (runs every @jit_fuser decoration now)
+    finally:
+        torch.compile = original  # type: ignore[assignment]
+
+
+def _patch_save_results_queue() -> None:
+    """Give Megatron's checkpoint writer an in-process results queue.
+
+    On the first save of a process, ``dist_checkpointing/strategies/filesystem_async.py``
+    creates ``mp.get_context("spawn").Manager().Queue()``: a server process with a fresh
+    interpreter, ~2-4 s of every process that saves (and an error when the main module has no
+    ``__main__`` guard). It only matters for asynchronous saves, whose writer is another
+    process; the synchronous ``dist_checkpointing.save`` used here puts and gets the write
+    results in this process (the forked file writers use their own local queue).
+    """
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
+class _DoneWork:
+    """What an async collective returns, for one that was already complete."""
+
+    def wait(self, *args, **kwargs) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def _single_rank_identity(collective):
+    """``collective(output, input, ...)`` as a copy when its group holds this rank only."""
+    import torch.distributed as dist
+
+    def call(output, input_, *args, group=None, async_op=False, **kwargs):
+        if dist.get_world_size(group) != 1:
+            return collective(output, input_, *args, group=group, async_op=async_op, **kwargs)
+        if output.data_ptr() != input_.data_ptr() or output.shape != input_.shape:
+            output.copy_(input_.view_as(output))
+        return _DoneWork() if async_op else None
+
+    call.single_rank_identity = True
+    return call
+
+
+def _patch_single_rank_collectives() -> None:
+    """Skip gloo for the data-parallel collectives of a one-rank group (DP = 1).
+
+    Megatron's DDP buckets reduce-scatter their grads and all-gather their params through the
+    distributed optimizer's group at every step (``distributed/param_and_grad_buffer.py``,
+    ``start_grad_sync`` / ``start_param_sync``), also when that group is this rank alone. Gloo
+    still runs them: a size-1 reduce-scatter of a 1.2 MB buffer measured 26 ms wall (3.7 ms
+    CPU). Over one rank both are the identity (the shard is the whole buffer), so they become a
+    copy (none at all when, as Megatron passes them, input and output are the same memory).
+    """
+    from megatron.core.distributed import param_and_grad_buffer as pgb
+
+    for name in ("dist_reduce_scatter_func", "dist_all_gather_func"):
+        current = getattr(pgb, name)
+        if not getattr(current, "single_rank_identity", False):
+            setattr(pgb, name, _single_rank_identity(current))
+
+
 def _patch_current_device() -> None:
     torch.cuda.current_device = lambda: _CPU  # type: ignore[assignment]
     torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
@@ -184,6 +275,29 @@ def _patch_torch_adam_step_state() -> None:
 # ---- probes: each returns True when, unpatched, the assumption still breaks on CPU ------------
 
 
+def _probe_save_results_queue() -> bool:
+    import inspect
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    return "Manager()" in inspect.getsource(filesystem_async._get_write_results_queue)
+
+
+def _probe_single_rank_collectives() -> bool:
+    import inspect
+
+    from megatron.core.distributed import param_and_grad_buffer as pgb
+
+    source = inspect.getsource(pgb._ParamAndGradBucketGroup.start_grad_sync)
+    return "dist_reduce_scatter_func(" in source and "_size == 1" not in source
+
+
+def _probe_jit_fuser() -> bool:
+    import megatron.core.jit as jit
+
+    return jit.jit_fuser is torch.compile
+
+
 def _probe_current_device() -> bool:
     try:
         torch.cuda.current_device()
@@ -243,6 +357,9 @@ class Patch:
 
 
 PATCHES: List[Patch] = [
+    Patch("jit_fuser", "Megatron decorates its fusion helpers with torch.compile at import, "
+          "which imports torch._dynamo (~2.5 s per process); none runs on the CPU path",
+          _patch_jit_fuser, _probe_jit_fuser),
     Patch("current_device", "tensor placement asks torch.cuda.current_device(); "
           "torch.cuda.synchronize is called between steps", _patch_current_device,
           _probe_current_device),
@@ -258,6 +375,12 @@ PATCHES: List[Patch] = [
           _patch_torch_adam_step_state, _probe_torch_adam_step_state),
     Patch("rng", "the model-parallel RNG tracker keeps CUDA generator states",
           _patch_rng, _probe_rng),
+    Patch("save_results_queue", "the checkpoint writer starts a spawn Manager process for "
+          "its results queue on the first save (~2-4 s); synchronous saves need none",
+          _patch_save_results_queue, _probe_save_results_queue),
+    Patch("single_rank_collectives", "DDP reduce-scatters grads and all-gathers params over "
+          "the data-parallel group even when it is one rank (gloo: ~26 ms a step)",
+          _patch_single_rank_collectives, _probe_single_rank_collectives),
     Patch("te_general_gemm", "moe_utils refers to te_general_gemm without Transformer Engine",
           _patch_te_general_gemm, _probe_te_general_gemm),
 ]

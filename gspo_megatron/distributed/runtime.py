@@ -129,9 +129,6 @@ def seed_everything(seed: int, rank_offset: int = 0) -> None:
 def init_distributed(parallel: ParallelConfig, seed: int = 1234,
                      timeout_minutes: int = 30, environ: Optional[dict] = None) -> RuntimeInfo:
     """Initialise torch.distributed + Megatron parallel state; idempotent per process."""
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-
     launch = detect_launch_env(environ)
     problems = world_size_errors(parallel, launch.world_size)
     if problems:
@@ -143,7 +140,9 @@ def init_distributed(parallel: ParallelConfig, seed: int = 1234,
     if device.type == "cpu":
         from gspo_megatron.distributed.cpu_compat import apply_cpu_compat
 
-        apply_cpu_compat()
+        apply_cpu_compat()  # before the first Megatron import (see its jit_fuser patch)
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     if not dist.is_initialized():
         dist.init_process_group(

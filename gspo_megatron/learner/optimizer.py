@@ -80,8 +80,33 @@ def build_optimizer(cfg: OptimizerConfig, chunks, params_dtype: torch.dtype):
         key = "optimizer.precision_aware" if cfg.precision_aware else "optimizer.cpu_offload"
         raise ConfigError(f"{key}: needs GPUs (Transformer Engine's FusedAdam / CUDA streams); "
                           "this process has none")
-    return get_megatron_optimizer(MegatronOptimizerConfig(**optimizer_config_kwargs(
+    optimizer = get_megatron_optimizer(MegatronOptimizerConfig(**optimizer_config_kwargs(
         cfg, params_dtype)), chunks)
+    _fuse_cpu_adam(optimizer)
+    return optimizer
+
+
+def _fuse_cpu_adam(optimizer) -> int:
+    """Step torch's Adam with its fused CPU kernel; returns how many param groups changed.
+
+    Without Transformer Engine or apex, Megatron falls back to ``torch.optim.AdamW`` built with
+    the defaults (``megatron/core/optimizer/__init__.py``), which on CPU tensors is the
+    per-tensor Python loop: ~13 ms of a ~90 ms tiny-MoE update (docs/performance.md). torch's
+    fused Adam runs on CPU since 2.4 and reads ``group["fused"]`` at every step; its state
+    (``step`` a float32 tensor on the parameter's device) is what a fresh fused Adam creates.
+    GPU optimizers (TE / apex FusedAdam, or torch on CUDA) are left alone.
+    """
+    changed = 0
+    for opt in _sub_optimizers(optimizer):
+        inner = getattr(opt, "optimizer", None)
+        if not isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
+            continue
+        for group in inner.param_groups:
+            on_cpu = all(p.device.type == "cpu" for p in group["params"])
+            if on_cpu and not group.get("fused") and not group.get("differentiable"):
+                group["fused"], group["foreach"] = True, False
+                changed += 1
+    return changed
 
 
 def build_scheduler(cfg: OptimizerConfig, optimizer, total_steps: int):

@@ -1,11 +1,12 @@
 """Compute the rewards of a rollout batch in parallel, with a per-call timeout.
 
-Reward functions are user code: they can raise, hang, or return garbage. The runner calls each
-one in a daemon worker thread with at most ``num_workers`` calls running at once, waits at most
-``timeout_s`` for each, and turns every failure into reward 0.0: a raising or non-finite reward
-counts as an error, a slow one as a timeout, and both are logged with the prompt id. The batch
-always completes. A call that timed out keeps running in its abandoned daemon thread (Python
-cannot kill a thread) but no longer occupies a worker slot and cannot block interpreter exit.
+Reward functions are user code: they can raise, hang, or return garbage. The runner calls them
+on ``num_workers`` daemon worker threads (each takes the next call when it finishes one), waits
+at most ``timeout_s`` for each call, and turns every failure into reward 0.0: a raising or
+non-finite reward counts as an error, a slow one as a timeout, and both are logged with the
+prompt id. The batch always completes. A call that timed out keeps running in its abandoned
+daemon thread (Python cannot kill a thread), which exits after it; a fresh worker takes the slot,
+and nothing blocks interpreter exit.
 
 Threads suit verifiers that release the GIL or are quick; math-verify runs here with its
 ``signal``-based timeouts off (see ``builtin.py``).
@@ -20,6 +21,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
@@ -61,14 +63,21 @@ class RewardResult:
 class _Call:
     index: int
     request: RewardRequest
-    done: threading.Event = field(default_factory=threading.Event)
     value: Optional[float] = None
     error: Optional[BaseException] = None
     started: float = 0.0
     elapsed: float = 0.0
     abandoned: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    """Orders 'finished' against 'abandoned' so a worker slot is released exactly once."""
+
+
+class _Batch:
+    """Calls still to run, running and unfinished, guarded by one condition variable."""
+
+    def __init__(self, calls: List[_Call]) -> None:
+        self.pending = deque(calls)
+        self.running: Dict[int, _Call] = {}
+        self.remaining = len(calls)
+        self.cond = threading.Condition()
 
 
 class RewardRunner:
@@ -91,19 +100,32 @@ class RewardRunner:
         return cls(get_reward_fn(cfg.name), timeout_s=cfg.timeout_s,
                    num_workers=cfg.num_workers, name=cfg.name)
 
-    def _execute(self, call: _Call, slots: threading.Semaphore, wakeup: threading.Event) -> None:
-        began = time.monotonic()
-        try:
-            req = call.request
-            call.value = self.reward_fn(req.response, req.answer, dict(req.metadata))
-        except BaseException as exc:  # user code: anything it raises becomes reward 0
-            call.error = exc
-        call.elapsed = time.monotonic() - began
-        with call.lock:
-            call.done.set()
-            if not call.abandoned:
-                slots.release()
-        wakeup.set()
+    def _worker(self, batch: _Batch) -> None:
+        """Run pending calls one after another until none is left (or this one is abandoned)."""
+        while True:
+            with batch.cond:
+                if not batch.pending:
+                    return
+                call = batch.pending.popleft()
+                call.started = time.monotonic()
+                batch.running[call.index] = call
+            try:
+                req = call.request
+                call.value = self.reward_fn(req.response, req.answer, dict(req.metadata))
+            except BaseException as exc:  # user code: anything it raises becomes reward 0
+                call.error = exc
+            with batch.cond:
+                call.elapsed = time.monotonic() - call.started
+                batch.running.pop(call.index, None)
+                if call.abandoned:  # already counted; a replacement worker took this slot
+                    return
+                batch.remaining -= 1
+                if batch.remaining == 0:
+                    batch.cond.notify()
+
+    def _start_worker(self, batch: _Batch) -> None:
+        threading.Thread(target=self._worker, args=(batch,), name="reward-worker",
+                         daemon=True).start()
 
     def compute(self, requests: Sequence[RewardRequest]) -> RewardResult:
         """Rewards for all ``requests`` (never raises because of the reward function)."""
@@ -112,34 +134,33 @@ class RewardRunner:
         return self._collect(calls, timed_out)
 
     def _run_all(self, calls: List[_Call]) -> set:
-        """Run every call; return the indices of the calls abandoned after ``timeout_s``."""
-        slots = threading.Semaphore(self.num_workers)
-        wakeup = threading.Event()
-        pending = list(reversed(calls))
-        running: Dict[int, _Call] = {}
+        """Run every call; return the indices of the calls abandoned after ``timeout_s``.
+
+        Workers pull calls from a shared queue, so this thread wakes when the batch is done or a
+        deadline passes, not after every call: each wake-up is a GIL hand-over, which costs up to
+        ``sys.getswitchinterval()`` when another thread is busy (the learner, while a rollout is
+        scored in the background: 41 ms -> 240 ms for 64 calls with a thread per call).
+        """
+        batch = _Batch(calls)
         abandoned: set = set()
-        while pending or running:
-            wakeup.clear()  # before the scan, so a call finishing after it still wakes us
-            while pending and slots.acquire(blocking=False):
-                call = pending.pop()
-                call.started = time.monotonic()
-                running[call.index] = call
-                threading.Thread(target=self._execute, args=(call, slots, wakeup),
-                                 name=f"reward-{call.index}", daemon=True).start()
-            now = time.monotonic()
-            for index, call in list(running.items()):
-                if now - call.started > self.timeout_s:
-                    with call.lock:
-                        if not call.done.is_set():
-                            call.abandoned = True
-                            abandoned.add(index)
-                            slots.release()  # a hung call must not starve the rest
-                if call.done.is_set() or call.abandoned:
-                    del running[index]
-            if running or pending:
-                deadline = min((c.started + self.timeout_s for c in running.values()),
-                               default=now + 0.01)
-                wakeup.wait(timeout=max(0.0, min(deadline - time.monotonic(), 0.5)) + 1e-3)
+        for _ in range(min(self.num_workers, len(calls))):
+            self._start_worker(batch)
+        with batch.cond:
+            while batch.remaining > 0:
+                now = time.monotonic()
+                overdue = [c for c in batch.running.values() if now - c.started > self.timeout_s]
+                for call in overdue:  # a hung call must not hold the batch or starve the rest
+                    call.abandoned = True
+                    abandoned.add(call.index)
+                    del batch.running[call.index]
+                    batch.remaining -= 1
+                    if batch.pending:
+                        self._start_worker(batch)
+                if batch.remaining == 0:
+                    break
+                deadline = min((c.started + self.timeout_s for c in batch.running.values()),
+                               default=now + self.timeout_s)
+                batch.cond.wait(timeout=max(deadline - now, 0.0) + 1e-3)
         return abandoned
 
     def _collect(self, calls: List[_Call], timed_out: set) -> RewardResult:

@@ -29,6 +29,7 @@ from typing import Callable, ContextManager, Dict, List, Optional, Sequence, Tup
 
 import torch
 
+from gspo_megatron.rollout.kv_decoder import make_decoder
 from gspo_megatron.rollout.sampling import (LOGPROB_MODES, draw_tokens, make_generators,
                                             process_logits, select_logprobs)
 from gspo_megatron.rollout.types import (GenerationRequest, NamedTensors, RolloutEngine, Sample,
@@ -54,6 +55,7 @@ class EmbeddedEngine(RolloutEngine):
 
     def __init__(self, model, tokenizer=None, max_batch_size: int = 256,
                  logprob_mode: str = "scaled", weight_version: Optional[str] = None,
+                 lean_decode: bool = True,
                  generation_context: Callable[[], ContextManager] = contextlib.nullcontext) -> None:
         super().__init__()
         if logprob_mode not in LOGPROB_MODES:
@@ -63,6 +65,8 @@ class EmbeddedEngine(RolloutEngine):
         self.max_batch_size = max_batch_size
         self.logprob_mode = logprob_mode
         self.weight_version = weight_version
+        self.lean_decode = lean_decode
+        """Decode Qwen3 / Qwen3-MoE with :class:`Qwen3Decoder` (False: the model's HF forward)."""
         self.generation_context = generation_context
         self.device = next(model.parameters()).device
         self._lock = threading.Lock()  # one forward pass / weight load at a time
@@ -144,8 +148,8 @@ class EmbeddedEngine(RolloutEngine):
         gens = make_generators(seeds)
         input_ids, attention = self._left_pad(prompts)
         stop_ids = set(self._eos_ids) | set(params.stop_token_ids)
-        past = None
-        step_ids = input_ids
+        decoder = make_decoder(self.model, lean=self.lean_decode)
+        logits = decoder.prefill(input_ids, attention, params.max_new_tokens)
         for _ in range(params.max_new_tokens):
             if should_stop is not None:
                 for row, stop in zip(rows, should_stop()):
@@ -153,21 +157,17 @@ class EmbeddedEngine(RolloutEngine):
                         row.finish_reason = "abort"
                 if all(r.finish_reason is not None for r in rows):
                     break
-            positions = (attention.cumsum(-1) - 1).clamp_(min=0)[:, -step_ids.shape[1]:]
-            out = self.model(input_ids=step_ids, attention_mask=attention, position_ids=positions,
-                             past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            scaled, sampling = process_logits(out.logits[:, -1, :], params.temperature, params.top_p)
+            scaled, sampling = process_logits(logits, params.temperature, params.top_p)
             tokens = draw_tokens(sampling, gens)
             lps = select_logprobs(scaled, sampling, tokens, self.logprob_mode)
             for row, tok, lp in zip(rows, tokens.tolist(), lps.tolist()):
                 if row.finish_reason is None:
                     self._append(row, tok, lp, stop_ids, params)
-            if all(r.finish_reason is not None for r in rows):
+            alive = [r.finish_reason is None for r in rows]
+            if not any(alive):
                 break
-            done = torch.tensor([r.finish_reason is not None for r in rows], device=self.device)
-            step_ids = torch.where(done, torch.full_like(tokens, self._pad_id), tokens).unsqueeze(-1)
-            attention = torch.cat([attention, (~done).long().unsqueeze(-1)], dim=-1)
+            alive_t = torch.tensor(alive, device=self.device)
+            logits = decoder.step(torch.where(alive_t, tokens, self._pad_id), alive_t)
         return rows
 
     def _append(self, row: GeneratedRow, tok: int, lp: float, stop_ids: set,

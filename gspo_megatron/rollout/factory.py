@@ -1,6 +1,7 @@
 """Build the rollout engine named by ``rollout.engine`` from a ``RolloutConfig``.
 
-- ``embedded``: an in-memory model + tokenizer, or the HF directory ``model_path``.
+- ``embedded``: an in-memory model + tokenizer, or the HF directory ``model_path``; with
+  ``overlap_one_step`` the engine runs in its own process (``rollout/embedded_process.py``).
 - ``sglang``: attach to ``rollout.sglang.server_addresses`` or launch ``num_servers`` SGLang
   servers (with ``--enable-memory-saver`` in colocated mode).
 - ``reference``: the same client against CPU reference servers, launched here when no
@@ -16,6 +17,7 @@ import contextlib
 from typing import Callable, ContextManager, Optional
 
 from gspo_megatron.rollout.embedded import EmbeddedEngine
+from gspo_megatron.rollout.embedded_process import EmbeddedProcessEngine
 from gspo_megatron.rollout.sglang_engine import SGLangEngine
 from gspo_megatron.rollout.sglang_launcher import launch_reference_fleet, launch_sglang_fleet
 from gspo_megatron.rollout.types import RolloutEngine
@@ -35,6 +37,9 @@ def build_engine(cfg, model_path: Optional[str] = None, model=None, tokenizer=No
                                   generation_context=generation_context)
         if model_path is None:
             raise ValueError("rollout.engine=embedded needs a model or model.hf_path")
+        if cfg.overlap_one_step:  # a thread would share the learner's GIL
+            return EmbeddedProcessEngine(model_path, max_batch_size=size,
+                                         num_threads=cfg.embedded_num_threads)
         return EmbeddedEngine.from_pretrained(model_path, max_batch_size=size,
                                               generation_context=generation_context)
     if cfg.engine in ("sglang", "reference"):

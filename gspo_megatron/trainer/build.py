@@ -32,8 +32,8 @@ from gspo_megatron.trainer.evaluation import before_after_table
 from gspo_megatron.trainer.metrics_log import MetricsLogger
 from gspo_megatron.trainer.plot import plot_history
 from gspo_megatron.trainer.preemption import PreemptionFlag
-from gspo_megatron.trainer.preflight import (check_initial_weights, check_input_files,
-                                             load_tokenizer)
+from gspo_megatron.trainer.preflight import (check_hf_weights, check_initial_weights,
+                                             check_input_files, load_tokenizer)
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +92,25 @@ class TrainerParts:
             self.logger.close()
 
 
-def _build_weight_sync(parts: TrainerParts, cfg, runtime, run_dir: Path):
-    """The engine and its transport on the main rank; a stage sender elsewhere when needed."""
+def _start_engine(cfg, run_dir: Path):
+    """The rollout engine (main rank). Started before the learner is built, so a server fleet or
+    the embedded engine's process loads its model meanwhile (its handshake is read at first use)."""
+    import torch
+
+    from gspo_megatron.distributed.cpu_compat import device_redirect_suspended
+    from gspo_megatron.rollout.factory import build_engine
+
+    r = cfg.rollout
+    if r.overlap_one_step and r.engine == "embedded":  # the engine's process takes its cores
+        threads = max(1, torch.get_num_threads() - r.embedded_num_threads)
+        log.info("learner: %d torch thread(s) beside the engine's %d", threads, r.embedded_num_threads)
+        torch.set_num_threads(threads)
+    return build_engine(r, model_path=cfg.model.hf_path, log_dir=str(run_dir / "logs"),
+                        generation_context=device_redirect_suspended)
+
+
+def _build_weight_sync(parts: TrainerParts, cfg, runtime):
+    """The engine's transport on the main rank; a stage sender elsewhere when needed."""
     from gspo_megatron.weight_sync.factory import (build_stage_transport, build_transport,
                                                    transport_dst)
     from gspo_megatron.weight_sync.learner_sync import LearnerWeightSync
@@ -102,11 +119,6 @@ def _build_weight_sync(parts: TrainerParts, cfg, runtime, run_dir: Path):
     dst = transport_dst(r.weight_sync, r.engine, r.mode)
     transport = None
     if runtime.is_main:
-        from gspo_megatron.distributed.cpu_compat import device_redirect_suspended
-        from gspo_megatron.rollout.factory import build_engine
-
-        parts.engine = build_engine(r, model_path=cfg.model.hf_path, log_dir=str(run_dir / "logs"),
-                                    generation_context=device_redirect_suspended)
         transport = build_transport(r.weight_sync, parts.engine, r.engine, mode=r.mode,
                                     server_tp_size=r.sglang.tp, config_dir=cfg.model.hf_path)
     elif dst == "stage":
@@ -117,6 +129,18 @@ def _build_weight_sync(parts: TrainerParts, cfg, runtime, run_dir: Path):
 def build_parts(cfg, runtime, preemption: Optional[PreemptionFlag] = None) -> TrainerParts:
     """Construct every part of a run for this process (collective: call on every rank)."""
     check_input_files(cfg)
+    if runtime.is_main and cfg.rollout.engine == "embedded":
+        check_hf_weights(cfg)  # the engine loads model.hf_path first
+    engine = _start_engine(cfg, Path(cfg.logging.run_dir)) if runtime.is_main else None
+    try:
+        return _build_around_engine(cfg, runtime, preemption, engine)
+    except BaseException:
+        if engine is not None:  # the engine is a process (or a fleet) of its own
+            engine.shutdown()
+        raise
+
+
+def _build_around_engine(cfg, runtime, preemption, engine) -> TrainerParts:
     run_dir = Path(cfg.logging.run_dir)
     tokenizer = load_tokenizer(cfg.model.hf_path)
     train = load_prompt_dataset(cfg.data.train_path, tokenizer, cfg.data)
@@ -132,7 +156,7 @@ def build_parts(cfg, runtime, preemption: Optional[PreemptionFlag] = None) -> Tr
                          sampler=sampler, policy_loss=get_policy_loss(cfg.algo.loss),
                          sft_loss=get_policy_loss("sft"),
                          preemption=preemption or PreemptionFlag(), run_dir=run_dir,
-                         checkpoints=checkpoints, eval_prompts=eval_records)
+                         checkpoints=checkpoints, eval_prompts=eval_records, engine=engine)
     if resume_from is None:  # otherwise the run's own checkpoint holds the weights
         _load_initial(learner, cfg)
     if cfg.algo.kl_coef > 0:
@@ -140,7 +164,7 @@ def build_parts(cfg, runtime, preemption: Optional[PreemptionFlag] = None) -> Tr
         _load_initial(parts.reference, cfg)
     parts.logger = MetricsLogger(run_dir, cfg.logging.wandb,
                                  OmegaConf.to_container(cfg, resolve=True), enabled=runtime.is_main)
-    parts.syncer = _build_weight_sync(parts, cfg, runtime, run_dir)
+    parts.syncer = _build_weight_sync(parts, cfg, runtime)
     if runtime.is_main:
         parts.reward_runner = RolloutScorer(RewardRunner.from_config(cfg.reward), tokenizer)
     if runtime.world_size > 1:

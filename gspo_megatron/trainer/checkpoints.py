@@ -155,10 +155,11 @@ class RunCheckpoints:
         return ResumeState(step=int(extra["trainer_step"]), extra=extra)
 
     # ---- during the run ------------------------------------------------------------------
-    def save(self, step: int) -> Path:
-        """Checkpoint ``step`` (collective), then rotate old ones on rank 0."""
+    def save(self, step: int, extra: Optional[Dict[str, Any]] = None) -> Path:
+        """Checkpoint ``step`` (collective), then rotate old ones on rank 0. ``extra``: the
+        loop's own plain values (the in-flight rollout of a one-step off-policy run)."""
         path = step_dir(self.root, step)
-        self.learner.save_checkpoint(path, extra={"trainer_step": step,
+        self.learner.save_checkpoint(path, extra={**(extra or {}), "trainer_step": step,
                                                   "sampler": self.sampler.state_dict()},
                                      meta={"data": self.data})
         if self.is_main:

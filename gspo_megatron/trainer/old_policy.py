@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+import torch
+
 from gspo_megatron.learner.batch import SequenceBatch
 from gspo_megatron.learner.routing import RoutingTape
 from gspo_megatron.trainer.batching import split_mini_batches, with_old_logprobs
@@ -31,17 +33,28 @@ class OldPolicy:
     metrics: Dict[str, float] = field(default_factory=dict)
 
 
-def old_policy_pass(learner, batch: SequenceBatch, cfg) -> OldPolicy:
-    """Split ``batch`` into ``batch.num_mini_batches`` and attach pi_old (collective)."""
+def old_policy_pass(learner, batch: SequenceBatch, cfg,
+                    saved: Optional[List[List[torch.Tensor]]] = None) -> OldPolicy:
+    """Split ``batch`` into ``batch.num_mini_batches`` and attach pi_old (collective).
+
+    ``saved``: the learner's pi_old of these mini-batches from a checkpoint (one tensor per
+    sequence, per mini-batch), attached without a pass; a one-step off-policy run keeps it for
+    its in-flight rollout, whose generating weights are gone after a restart."""
     minis = split_mini_batches(batch, cfg.batch.num_mini_batches, cfg.rollout.n_samples_per_prompt)
-    if cfg.algo.old_logprob_source != "learner":
+    if saved is None and cfg.algo.old_logprob_source != "learner":
         return OldPolicy(minis, [None] * len(minis))
+    if saved is not None and [len(s) for s in saved] != [len(m) for m in minis]:
+        raise ValueError("saved old log-probs do not match the rollout's mini-batches")
     out_minis, routings, gaps = [], [], []
-    for mini in minis:
-        out = learner.compute_logprobs(mini, record_routing=cfg.algo.routing_replay)
+    for i, mini in enumerate(minis):
+        if saved is not None:
+            logprobs, routing = saved[i], None
+        else:
+            out = learner.compute_logprobs(mini, record_routing=cfg.algo.routing_replay)
+            logprobs, routing = out.logprobs, out.routing
         if mini.rollout_logprobs is not None:  # same weights, two engines: how far apart
-            gaps += [float((a - b).abs().mean()) for a, b in zip(out.logprobs, mini.rollout_logprobs)]
-        out_minis.append(with_old_logprobs(mini, out.logprobs))
-        routings.append(out.routing)
+            gaps += [float((a - b).abs().mean()) for a, b in zip(logprobs, mini.rollout_logprobs)]
+        out_minis.append(with_old_logprobs(mini, logprobs))
+        routings.append(routing)
     metrics = {"rollout/learner_vs_engine_abs_logp": sum(gaps) / len(gaps)} if gaps else {}
     return OldPolicy(out_minis, routings, metrics)

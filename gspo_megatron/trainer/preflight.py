@@ -56,6 +56,13 @@ def check_initial_weights(cfg, resuming: bool) -> None:
         return
     if resuming:
         return  # the run's own checkpoint holds the weights
+    check_hf_weights(cfg)
+
+
+def check_hf_weights(cfg) -> None:
+    """The safetensors of ``model.hf_path`` are complete and match its config.json. Also run
+    before the embedded engine starts: it loads this directory whatever the learner starts from,
+    and its loader's own error is a size-mismatch traceback without the path."""
     model = model_config_for_hf_dir(cfg.model.hf_path, cfg.model)  # the sizes of config.json
     try:
         reader = HFCheckpointReader(cfg.model.hf_path)

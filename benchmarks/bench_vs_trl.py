@@ -1,0 +1,252 @@
+"""gspo-train against TRL's GRPOTrainer on the same tiny MoE, side by side, in one invocation.
+
+    python benchmarks/bench_vs_trl.py                          # 8 prompts x 8 samples, 10 steps, 3 rounds
+    python benchmarks/bench_vs_trl.py --batch-scale 4          # 32 prompts x 8 samples
+    python benchmarks/bench_vs_trl.py --sides trl,gspo_overlap --rounds 5
+
+The setup (both sides): a random-init Qwen3-MoE (4 layers, hidden 128, 4 heads / 2 KV heads of
+dim 32, 8 experts top-2 of width 64, ~0.99 M parameters) with the character tokenizer of the tiny
+addition task, written once by ``gspo_megatron.tiny_task``; the addition prompts; 8 prompts x 8
+samples per RL step (x ``--batch-scale``), at most 16 new tokens, temperature 1; the rollout
+batch split into 4 mini-batches (4 optimizer steps per RL step); sequence-level importance
+ratios clipped at 3e-4 / 4e-4 (GSPO); group-normalised advantages; no KL; Adam at a constant
+1e-5, no weight decay; the exact-match ``tiny_addition`` reward; ``--steps`` RL steps. gspo-train's
+expert-volatility diagnostic (``algo.diagnostics.expert_volatility_num_seqs``) is off unless
+``--with-diagnostics``: TRL has no counterpart.
+
+Sides:
+- ``trl``: TRL ``GRPOTrainer`` (``importance_sampling_level="sequence"``, ``loss_type="grpo"``,
+  ``epsilon=3e-4``, ``epsilon_high=4e-4``, ``steps_per_generation=4``, ``beta=0``), run in its
+  own virtual environment, created here on first use (``--trl-venv``; ``pip install
+  torch==<this torch> trl==<--trl-version>``): TRL is not a dependency of gspo-megatron.
+- ``gspo``: ``gspo-train configs/tiny_cpu.yaml`` on-policy, old log-probs from the engine.
+- ``gspo_overlap``: the same with ``rollout.overlap_one_step=true``.
+- ``gspo_learner_lp``: on-policy, old log-probs recomputed by the learner.
+
+Every side runs in a fresh process with the same ``OMP_NUM_THREADS`` (``--threads``); rounds
+interleave the sides (A B C, then C B A, ...), since the machine may be shared. Per run: seconds
+per RL step (median over steps 2..N: step 1 pays one-off warm-up), generated tokens per second
+(response tokens of steps 2..N over their time) and whole-process time (spawn to exit, including
+imports, model load and, for gspo-train, the final checkpoint and HF export). The table gives
+the median over rounds and each side's RL steps per second relative to TRL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS_PER_GENERATION = 4
+GSPO_SIDES = {
+    "gspo": [],
+    "gspo_overlap": ["rollout.overlap_one_step=true"],
+    "gspo_learner_lp": ["algo.old_logprob_source=learner"],
+}
+
+
+# ---- the TRL side (runs inside the TRL virtual environment) ---------------------------------
+
+def run_trl_child(args) -> None:
+    """Train with TRL's GRPOTrainer and print one JSON line of timings."""
+    import torch
+    from datasets import load_dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    sys.path.insert(0, str(REPO))  # the reward only (standard library), not the package
+    from gspo_megatron.rewards.builtin import addition_reward
+
+    assets = Path(args.assets)
+    tokenizer = AutoTokenizer.from_pretrained(assets / "model")
+    model = AutoModelForCausalLM.from_pretrained(assets / "model", dtype=torch.float32)
+    dataset = load_dataset("json", data_files=str(assets / "data" / "train.jsonl"), split="train")
+    generated = []
+
+    def reward(prompts, completions, completion_ids, answer, **_):
+        generated.append(sum(len(c) for c in completion_ids))
+        return [addition_reward(c, a) for c, a in zip(completions, answer)]
+
+    ends = []
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, *a, **k):
+            ends.append(time.perf_counter())
+
+        def on_step_end(self, _args, state, *a, **k):
+            if state.global_step % STEPS_PER_GENERATION == 0:  # one RL step = one generation
+                ends.append(time.perf_counter())
+
+    num_seqs = args.prompts * args.samples
+    config = GRPOConfig(
+        output_dir=args.out, per_device_train_batch_size=num_seqs // STEPS_PER_GENERATION,
+        steps_per_generation=STEPS_PER_GENERATION, gradient_accumulation_steps=1,
+        num_generations=args.samples, max_completion_length=args.max_new_tokens,
+        importance_sampling_level="sequence", loss_type="grpo", epsilon=3e-4, epsilon_high=4e-4,
+        beta=0.0, learning_rate=1e-5, lr_scheduler_type="constant", weight_decay=0.0,
+        max_steps=STEPS_PER_GENERATION * args.steps, logging_steps=1, report_to="none",
+        save_strategy="no", use_cpu=True, bf16=False, seed=1234, temperature=1.0, top_p=1.0,
+        dataloader_num_workers=0)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[Clock()])
+    trainer.train()
+    print("RESULT " + json.dumps({"step_s": [b - a for a, b in zip(ends, ends[1:])],
+                                  "gen_tokens": generated}), flush=True)
+
+
+# ---- the harness ---------------------------------------------------------------------------
+
+def ensure_trl_venv(venv: Path, trl_version: str) -> Path:
+    """The TRL environment's python, creating the environment on first use."""
+    python = venv / "bin" / "python"
+    if python.exists() and subprocess.run([str(python), "-c", "import trl"],
+                                          capture_output=True).returncode == 0:
+        return python
+    import torch
+
+    torch_version = torch.__version__.split("+")[0]
+    print(f"creating {venv}: torch=={torch_version} trl=={trl_version}", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", f"torch=={torch_version}",
+                    f"trl=={trl_version}"], check=True)
+    return python
+
+
+def make_assets(out: Path) -> Path:
+    """The benchmark model (~0.99 M parameters), tokenizer and prompts, written once."""
+    if (out / "model" / "config.json").exists():
+        return out
+    from gspo_megatron.tiny_task.assets import make_tiny_assets
+    from gspo_megatron.tiny_task.model import TinyModelSpec
+    from gspo_megatron.tiny_task.task import AdditionTaskConfig
+
+    spec = TinyModelSpec(num_layers=4, hidden_size=128, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=32, num_experts=8,
+                         num_experts_per_tok=2, moe_intermediate_size=64)
+    make_tiny_assets(out, task=AdditionTaskConfig(num_train=2000, num_eval=64), spec=spec)
+    return out
+
+
+def gspo_command(args, assets: Path, run_dir: Path, extra) -> list:
+    return [sys.executable, "-m", "gspo_megatron.cli.train", str(REPO / "configs" / "tiny_cpu.yaml"),
+            f"model.hf_path={assets / 'model'}", f"data.train_path={assets / 'data' / 'train.jsonl'}",
+            "data.eval_path=null", f"logging.run_dir={run_dir}", "logging.wandb.enabled=false",
+            "logging.plot=false", f"trainer.num_steps={args.steps}", "trainer.num_sft_steps=0",
+            f"batch.num_prompts_per_step={args.prompts}", f"rollout.n_samples_per_prompt={args.samples}",
+            f"batch.num_mini_batches={STEPS_PER_GENERATION}", f"rollout.max_new_tokens={args.max_new_tokens}",
+            "data.max_prompt_tokens=16", "optimizer.lr=1e-5", "optimizer.min_lr=0",
+            "optimizer.lr_decay_style=constant",
+            "optimizer.warmup_steps=0", "optimizer.weight_decay=0.0", "algo.old_logprob_source=rollout",
+            "checkpoint.save_every_steps=0", "checkpoint.resume=never", "trainer.eval_every_steps=0",
+            *([] if args.with_diagnostics else ["algo.diagnostics.expert_volatility_num_seqs=0"]),
+            *extra]
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
+def run_side(side: str, args, assets: Path, work: Path, trl_python: Path, index: int) -> dict:
+    run_dir = work / f"{side}_{index}"
+    shutil.rmtree(run_dir, ignore_errors=True)  # the metrics log of a run dir is appended to
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(REPO))
+    if side == "trl":
+        cmd = [str(trl_python), __file__, "--child", "trl", "--assets", str(assets),
+               "--out", str(run_dir), "--steps", str(args.steps), "--prompts", str(args.prompts),
+               "--samples", str(args.samples), "--max-new-tokens", str(args.max_new_tokens)]
+    else:
+        cmd = gspo_command(args, assets, run_dir, GSPO_SIDES[side])
+    load_before = _load()
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    whole = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{side} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    if side == "trl":
+        line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+        data = json.loads(line[len("RESULT "):])
+        step_s, tokens = data["step_s"], data["gen_tokens"]
+    else:
+        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        rows = [r for r in rows if r["step"] >= 1]
+        step_s = [r["time/step_s"] for r in rows]
+        tokens = [r["rollout/response_len_mean"] * r["rollout/num_sequences"] for r in rows]
+    if len(step_s) != args.steps:
+        raise RuntimeError(f"{side}: {len(step_s)} step times for {args.steps} steps")
+    timed = step_s[1:]
+    return {"side": side, "round": index, "step_s_median": statistics.median(timed),
+            "step_s_all": step_s, "tokens_per_s": sum(tokens[1:]) / sum(timed),
+            "whole_process_s": whole, "load_before": load_before, "load_after": _load()}
+
+
+def summarise(results: list, sides: list) -> str:
+    med = {s: {k: statistics.median(r[k] for r in results if r["side"] == s)
+               for k in ("step_s_median", "tokens_per_s", "whole_process_s")} for s in sides}
+    base = med.get("trl")
+    lines = ["| side | s / RL step | generated tokens / s | whole process (s) | RL steps/s vs TRL |",
+             "|---|---|---|---|---|"]
+    for s in sides:
+        m = med[s]
+        ratio = f"{base['step_s_median'] / m['step_s_median']:.2f}x" if base else "-"
+        lines.append(f"| {s} | {m['step_s_median']:.3f} | {m['tokens_per_s']:.0f} | "
+                     f"{m['whole_process_s']:.1f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sides", default="trl,gspo,gspo_overlap")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved repeats of every side")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--batch-scale", type=int, default=1, help="prompts per step = 8 x this")
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--threads", type=int, default=1,
+                   help="OMP_NUM_THREADS of every side (1: with two threads a busy machine makes "
+                        "OpenMP's barriers spin; both sides slowed down >10x in such runs)")
+    p.add_argument("--with-diagnostics", action="store_true",
+                   help="keep gspo-train's expert-volatility diagnostic on (two extra forward "
+                        "passes per step; TRL computes nothing like it, so it is off by default)")
+    p.add_argument("--work", default=str(REPO / "runs" / "bench_vs_trl"))
+    p.add_argument("--trl-venv", default=None, help="default: <work>/trl_venv")
+    p.add_argument("--trl-version", default="1.16.0")
+    p.add_argument("--child", choices=["trl"], help=argparse.SUPPRESS)
+    p.add_argument("--assets", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--prompts", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child == "trl":
+        run_trl_child(args)
+        return 0
+    args.prompts = 8 * args.batch_scale
+    sides = [s for s in args.sides.split(",") if s]
+    unknown = [s for s in sides if s != "trl" and s not in GSPO_SIDES]
+    if unknown or args.steps < 2 or args.rounds < 1:
+        p.error(f"unknown sides {unknown}" if unknown else "--steps must be >= 2, --rounds >= 1")
+    work = Path(args.work)
+    assets = make_assets(work / "assets")
+    trl_python = ensure_trl_venv(Path(args.trl_venv or work / "trl_venv"), args.trl_version) \
+        if "trl" in sides else Path()
+    results = []
+    for r in range(args.rounds):
+        for side in (sides if r % 2 == 0 else sides[::-1]):
+            res = run_side(side, args, assets, work / f"x{args.batch_scale}", trl_python, r)
+            results.append(res)
+            print(json.dumps({k: v for k, v in res.items() if k != "step_s_all"}), flush=True)
+    table = summarise(results, sides)
+    print(f"\n{args.prompts} prompts x {args.samples} samples, {args.steps} steps, "
+          f"OMP_NUM_THREADS={args.threads}, medians of {args.rounds} rounds\n{table}")
+    out = work / f"results_x{args.batch_scale}.json"
+    out.write_text(json.dumps({"args": vars(args), "results": results, "table": table}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

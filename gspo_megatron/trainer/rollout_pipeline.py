@@ -1,0 +1,193 @@
+"""Rollouts for the loop, produced in step (on-policy) or one step ahead (one-step off-policy).
+
+With ``rollout.overlap_one_step`` the rollout of step k+1 is generated while the learner trains
+on step k, by the weights the learner had before step k (synced to the engine just before the
+submission); step k+1 then trains on samples one update old. The same structure as slime's
+``train_async.py`` and verl's one-step-off-policy recipe (generate the next batch before training
+on the current one), written as one small object here so the loop stays a one-page read:
+
+    rollout = pipeline.take(k)      # collective; blocks until step k's rollout is ready
+    pipeline.submit(k + 1)          # after the weight sync: generation starts in the background
+    train(rollout)
+
+Production runs on the main rank in a background thread: the embedded engine then lives in its
+own process (``rollout.embedded_process``), SGLang servers are remote, so the thread only waits.
+Every rank tracks what was submitted, so the collectives (broadcast, log-prob pass) line up.
+
+When a rollout is received, the loop's ``prepare`` turns it into the step's batch and pi_old
+(``trainer/old_policy.py``). Old log-probs recomputed by the learner
+(``algo.old_logprob_source=learner``) are taken under the *generating* weights: a
+:class:`WeightSnapshot` is kept from submission to use, and ``prepare`` runs inside it.
+
+Checkpoints stay exact: :meth:`checkpoint_state` finishes the in-flight rollout (and its learner
+log-probs, while the snapshot still exists) and returns it as plain values for the checkpoint;
+:meth:`restore` puts it back, so a resumed run trains on exactly the samples and pi_old an
+uninterrupted one would have. The sampler state saved next to it already counts the rollout's
+prompts. (A recorded MoE routing is not saved: config validation refuses routing replay with the
+overlap.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
+
+import torch
+import torch.distributed as dist
+
+from gspo_megatron.learner.weight_snapshot import WeightSnapshot, weights_swapped_in
+from gspo_megatron.rollout.types import Sample
+from gspo_megatron.trainer.rollout_step import ScoredRollout
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReadyRollout:
+    """A rollout every rank holds, prepared for training (batch and pi_old)."""
+
+    rollout: ScoredRollout
+    prepared: Any
+    """What the loop's ``prepare`` returned for it (``trainer.loop.PreparedStep``)."""
+    policy_lag: int
+    """RL steps the learner has taken since the generating weights (0 on-policy, 1 overlapped)."""
+    wait_s: float = 0.0
+    """Seconds ``take`` blocked for the rollout (0 when it was already there)."""
+    prepare_s: float = 0.0
+    """Seconds of ``prepare`` (the learner's old-policy pass, when it runs one)."""
+
+
+def _broadcast(obj, world_size: int):
+    if world_size == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class _Background:
+    """One call of ``fn`` in a daemon thread; ``result()`` joins and re-raises its error."""
+
+    def __init__(self, fn: Callable[[], ScoredRollout], name: str) -> None:
+        self._out: Dict[str, object] = {}
+        self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, fn) -> None:
+        try:
+            self._out["value"] = fn()
+        except BaseException as exc:  # re-raised in the loop's thread
+            self._out["error"] = exc
+
+    def result(self) -> ScoredRollout:
+        self._thread.join()
+        if "error" in self._out:
+            raise self._out["error"]
+        return self._out["value"]
+
+
+class RolloutPipeline:
+    """Submits and hands over rollouts; see the module docstring."""
+
+    def __init__(self, produce: Callable[[int], ScoredRollout],
+                 prepare: Callable[[ScoredRollout, Optional[list]], Any], learner, sampler, *,
+                 is_main: bool, world_size: int, overlap: bool, learner_logprobs: bool) -> None:
+        self.produce = produce
+        self.prepare = prepare
+        """``prepare(rollout, saved_old_logprobs)``: the step's batch and pi_old (collective);
+        ``saved_old_logprobs`` (per mini-batch, per sequence) come from a checkpoint."""
+        self.learner = learner
+        self.sampler = sampler
+        self.is_main = is_main
+        self.world_size = world_size
+        self.overlap = overlap
+        self.learner_logprobs = learner_logprobs
+        self._step: Optional[int] = None  # the submitted step, on every rank
+        self._version = 0
+        self._snapshot: Optional[WeightSnapshot] = None
+        self._job: Optional[_Background] = None
+        self._ready: Optional[ReadyRollout] = None
+        self._restored: Optional[tuple] = None  # (rollout, saved old log-probs) from a checkpoint
+
+    def has(self, step: int) -> bool:
+        return self._step == step
+
+    def submit(self, step: int, trained_steps: int) -> None:
+        """Start producing ``step``'s rollout with the engine's current weights, the learner's
+        after ``trained_steps`` RL steps."""
+        if self._step is not None:
+            raise RuntimeError(f"rollout {self._step} is still pending; take it before submitting {step}")
+        self._step, self._version = step, trained_steps
+        if self.overlap and self.learner_logprobs:
+            self._snapshot = WeightSnapshot.take(self.learner)
+        if self.is_main and self.overlap:
+            self._job = _Background(lambda: self.produce(step), name=f"rollout-{step}")
+
+    def wait_idle(self) -> None:
+        """Let the in-flight generation finish (the engine is free after), keeping its result."""
+        if self._job is not None:
+            self._job._thread.join()
+
+    def take(self, step: int) -> ReadyRollout:
+        """Collective: ``step``'s rollout on every rank (submitted earlier, or produced now)."""
+        if self._ready is None:
+            self._ready = self._receive(step)
+        ready, self._ready, self._step, self._snapshot = self._ready, None, None, None
+        return ready
+
+    def _receive(self, step: int) -> ReadyRollout:
+        if self._step != step:
+            raise RuntimeError(f"take({step}) but the pending rollout is for step {self._step}")
+        t0 = time.perf_counter()
+        if self._restored is not None:
+            (rollout, saved), self._restored = self._restored, None
+        else:
+            rollout, saved = None, None
+            if self.is_main:
+                job, self._job = self._job, None
+                rollout = job.result() if job is not None else self.produce(step)
+            rollout = _broadcast(rollout, self.world_size)
+            if not self.is_main:  # every rank's sampler keeps the main rank's data position
+                self.sampler.next_batch(rollout.num_prompts_drawn)
+        wait_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        snapshot = self._snapshot or WeightSnapshot(self.learner.step, [])  # none: current weights
+        with weights_swapped_in(self.learner, snapshot):
+            prepared = self.prepare(rollout, saved)
+        return ReadyRollout(rollout, prepared, policy_lag=step - 1 - self._version,
+                            wait_s=wait_s, prepare_s=time.perf_counter() - t1)
+
+    # ---- checkpoints -----------------------------------------------------------------------
+    def checkpoint_state(self) -> Optional[dict]:
+        """Collective: the in-flight rollout, finished, as plain values (None when none is)."""
+        if self._step is None:
+            return None
+        if self._ready is None:
+            self._ready = self._receive(self._step)
+        ready = self._ready
+        old = None
+        if self.learner_logprobs:  # the generating weights are gone after a restart: keep pi_old
+            old = [[t.tolist() for t in mini.old_logprobs]
+                   for mini in ready.prepared.old.mini_batches]
+        return {"step": self._step, "version": self._version,
+                "rollout": dataclasses.asdict(ready.rollout), "old_logprobs": old}
+
+    def restore(self, state: Optional[dict]) -> None:
+        """Put back what :meth:`checkpoint_state` saved (its prompts are already drawn)."""
+        if not state:
+            return
+        data = dict(state["rollout"])
+        data["samples"] = [Sample(**s) for s in data["samples"]]
+        old = state["old_logprobs"]
+        if old is not None:
+            old = [[torch.tensor(x, dtype=torch.float32) for x in mini] for mini in old]
+        self._step, self._version = int(state["step"]), int(state["version"])
+        self._restored = (ScoredRollout(**data), old)
+
+    def close(self) -> None:
+        """Wait for a background generation (after an error, before the engine shuts down)."""
+        self.wait_idle()
