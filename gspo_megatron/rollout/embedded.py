@@ -235,11 +235,6 @@ class EmbeddedEngine(RolloutEngine):
         total.seconds = time.perf_counter() - t0
         return total
 
-    def finish_weight_update(self, weight_version: Optional[str]) -> Dict[str, float]:
-        if weight_version is not None:
-            self.weight_version = weight_version
-        return {}
-
     # --- memory and lifecycle ---------------------------------------------------------------
     def release_memory(self) -> None:
         """On GPU, move the model to host memory; a no-op on CPU (the KV cache lives only

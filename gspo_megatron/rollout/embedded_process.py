@@ -139,12 +139,6 @@ class EmbeddedProcessEngine(RolloutEngine):
         stats.seconds = time.perf_counter() - t0
         return stats
 
-    def finish_weight_update(self, weight_version: Optional[str]) -> Dict[str, float]:
-        """The protocol's last phase (weight_sync/sync.py): later generations carry the version."""
-        if weight_version is not None:
-            self.weight_version = weight_version
-        return {}
-
     def health(self) -> bool:
         return self._proc.is_alive()
 

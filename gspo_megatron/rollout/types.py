@@ -255,7 +255,10 @@ class RolloutEngine(abc.ABC):
         return []
 
     def finish_weight_update(self, weight_version: Optional[str]) -> Dict[str, float]:
-        """Close the update, record ``weight_version``, let generation go on; phase metrics."""
+        """Close the update, record ``weight_version``, let generation go on; phase metrics.
+        In-process engines need no more than the recording done here."""
+        if weight_version is not None:
+            self.weight_version = weight_version
         return {}
 
     def cancel_weight_update(self) -> None:
