@@ -246,6 +246,33 @@ def test_learner_crash_fails_the_job_with_its_code_and_stops_the_servers(tmp_pat
         os.kill(rollout_pid, 0)  # the server step was stopped before the job returned
 
 
+SUPERVISE_ENDED_STEPS = """
+GSPO_LOG_DIR={log_dir} GSPO_RESTART=0
+(exit {main}) & main=$!
+(exit {helper}) & helper=$!
+sleep 0.5  # both steps have ended before the supervisor's first poll
+GSPO_STEP_PIDS=("$main" "$helper") GSPO_STEP_NAMES=(learner rollout) GSPO_MAIN_PID=$main
+gspo_supervise
+"""
+
+
+@pytest.mark.parametrize("main, helper, code, message", [
+    (1, 3, 3, "step 'rollout' exited with code 3 while the main step was running"),
+    (0, 3, 0, "main step 'learner' finished"),
+    (124, 3, 124, "learner checkpointed; requeueing job 77"),  # the stand-in scontrol refuses
+])
+def test_one_poll_that_finds_both_steps_ended_blames_the_helper_step(tmp_path, main, helper,
+                                                                     code, message):
+    """A server crash makes the learner fail soon after; on a busy node both have ended by the
+    next poll, and the job must still name the server (not whichever step the loop saw first).
+    A learner that finished or checkpointed for a requeue decides the job all the same."""
+    proc = run_lib(tmp_path, SUPERVISE_ENDED_STEPS.format(log_dir=tmp_path, main=main,
+                                                          helper=helper))
+    assert message in proc.stderr, proc.stderr
+    assert proc.returncode == code, proc.stderr
+    assert (main == 1) == ("step 'rollout'" in proc.stderr), proc.stderr
+
+
 def test_cpus_per_task_splits_the_node(tmp_path):
     proc = run_lib(tmp_path, "SLURM_CPUS_ON_NODE=96 gspo_cpus_per_task 2; SLURM_CPUS_ON_NODE=1 gspo_cpus_per_task 4")
     assert proc.stdout.split() == ["48", "1"]
