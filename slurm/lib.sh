@@ -249,21 +249,57 @@ checkpointing (exit $GSPO_REQUEUE_EXIT_CODE); not requeued; log: $log" "$log"
   gspo_fail "$code" "main step '$name' exited with code $code; log: $log" "$log"
 }
 
+# The first helper step (not the main one) that has ended: "INDEX CODE" in GSPO_ENDED_HELPER.
+gspo_reap_ended_helper() {
+  local i pid code
+  GSPO_ENDED_HELPER=""
+  for i in "${!GSPO_STEP_PIDS[@]}"; do
+    pid=${GSPO_STEP_PIDS[$i]}
+    [[ $pid != "$GSPO_MAIN_PID" ]] || continue
+    kill -0 "$pid" 2>/dev/null && continue
+    code=0
+    wait "$pid" || code=$?
+    GSPO_ENDED_HELPER="$i $code"
+    return 0
+  done
+  return 1
+}
+
 # Poll the steps until the job is decided; wakes within a second for signals and exits.
+# A server that crashes makes the learner fail within seconds, and srun may report the learner's
+# exit before the server's: when the main step fails (not for a requeue), a helper step (a
+# server) that ends within GSPO_HELPER_EXIT_WAIT_S (5) seconds, or had ended already, is named
+# as the cause. Which step the poll visits first must not decide the message.
 gspo_supervise() {
-  local i pid code log
+  local i pid code log main_name main_code helper deadline
   while true; do
+    main_code="" helper=""
     for i in "${!GSPO_STEP_PIDS[@]}"; do
       pid=${GSPO_STEP_PIDS[$i]}
       kill -0 "$pid" 2>/dev/null && continue
       code=0
       wait "$pid" || code=$?
       if [[ $pid == "$GSPO_MAIN_PID" ]]; then
-        gspo_main_step_done "${GSPO_STEP_NAMES[$i]}" "$code"
+        main_name=${GSPO_STEP_NAMES[$i]} main_code=$code
+      elif [[ -z $helper ]]; then
+        helper="$i $code"
       fi
+    done
+    if [[ -n $main_code ]] && { ((main_code == 0)) || gspo_learner_checkpointed "$main_code" \
+      "${GSPO_LOG_DIR}/${main_name}.r${GSPO_RESTART}.log"; }; then
+      gspo_main_step_done "$main_name" "$main_code"
+    fi
+    if [[ -n $main_code && -z $helper ]] && ((${#GSPO_STEP_PIDS[@]} > 1)); then
+      deadline=$((SECONDS + ${GSPO_HELPER_EXIT_WAIT_S:-5}))
+      while ((SECONDS < deadline)) && ! gspo_reap_ended_helper; do sleep 0.5; done
+      helper=$GSPO_ENDED_HELPER
+    fi
+    if [[ -n $helper ]]; then
+      read -r i code <<<"$helper"
       log="${GSPO_LOG_DIR}/${GSPO_STEP_NAMES[$i]}.r${GSPO_RESTART}.log"
       gspo_fail "$code" "step '${GSPO_STEP_NAMES[$i]}' exited with code $code while the main step was running; log: $log" "$log"
-    done
+    fi
+    [[ -z $main_code ]] || gspo_main_step_done "$main_name" "$main_code"
     if ((GSPO_PREEMPTED == 1 && SECONDS - GSPO_USR1_SENT_AT >= ${GSPO_USR1_REPEAT_S:-60})); then
       gspo_log "learner still running after SIGUSR1; sending it again"
       gspo_forward_usr1

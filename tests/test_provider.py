@@ -105,6 +105,16 @@ def test_fp8_refusals_name_the_key():
                                   ParallelConfig(), on_gpu=False)
 
 
+def test_alltoall_dispatcher_without_a_gpu_is_refused_with_its_key():
+    """Megatron-Core's all-to-all dispatcher creates a CUDA stream when built: on CPU the model
+    would fail deep inside Megatron ("torch.cuda.Stream requires CUDA support")."""
+    with pytest.raises(ConfigError, match="model.moe_token_dispatcher: 'alltoall' needs CUDA"):
+        transformer_config_kwargs(_moe_model(moe_token_dispatcher="alltoall"), ParallelConfig(),
+                                  on_gpu=False)
+    kw = transformer_config_kwargs(_moe_model(), ParallelConfig(), on_gpu=False)
+    assert kw["moe_token_dispatcher_type"] == "allgather"
+
+
 def test_vocab_padding_and_a_real_dense_transformer_config():
     assert padded_vocab_size(151936, 128, 1) == 151936  # Qwen3: 1187 * 128
     assert padded_vocab_size(151936, 128, 4) == 152064  # next multiple of 512

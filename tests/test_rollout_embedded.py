@@ -119,18 +119,9 @@ def test_from_pretrained_and_disk_load(tmp_path, policy):
         EmbeddedEngine.from_pretrained(str(tmp_path / "missing"))
 
 
-def test_should_stop_aborts_rows_and_generation_context_wraps_passes(policy):
+def test_should_stop_aborts_rows(policy):
     model, tok = policy
-    entered = []
-
-    class Context:
-        def __enter__(self):
-            entered.append(1)
-
-        def __exit__(self, *exc):
-            return False
-
-    eng = EmbeddedEngine(model, tok, generation_context=Context)
+    eng = EmbeddedEngine(model, tok)
     calls = []
 
     def should_stop():
@@ -141,4 +132,4 @@ def test_should_stop_aborts_rows_and_generation_context_wraps_passes(policy):
                                   SamplingParams(max_new_tokens=6), should_stop=should_stop)
     assert rows[0].finish_reason == "abort" and rows[0].tokens == []
     assert rows[1].finish_reason in ("stop", "length") and len(rows[1].tokens) >= 1
-    assert entered and len(calls) == len(rows[1].tokens)
+    assert len(calls) == len(rows[1].tokens)

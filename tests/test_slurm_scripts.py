@@ -246,6 +246,37 @@ def test_learner_crash_fails_the_job_with_its_code_and_stops_the_servers(tmp_pat
         os.kill(rollout_pid, 0)  # the server step was stopped before the job returned
 
 
+SUPERVISE_ENDED_STEPS = """
+GSPO_LOG_DIR={log_dir} GSPO_RESTART=0 GSPO_HELPER_EXIT_WAIT_S=3 GSPO_KILL_GRACE_S=1
+(exit {main}) & main=$!
+(sleep {helper_after}; exit {helper}) >/dev/null 2>&1 & helper=$!
+sleep 0.5  # the main step has ended before the supervisor's first poll
+GSPO_STEP_PIDS=("$main" "$helper") GSPO_STEP_NAMES=(learner rollout) GSPO_MAIN_PID=$main
+gspo_supervise
+"""
+
+
+@pytest.mark.parametrize("main, helper_after, code, message", [
+    (1, 0, 3, "step 'rollout' exited with code 3 while the main step was running"),
+    (1, 1.5, 3, "step 'rollout' exited with code 3 while the main step was running"),
+    (1, 30, 1, "main step 'learner' exited with code 1"),
+    (0, 0, 0, "main step 'learner' finished"),
+    (124, 0, 124, "learner checkpointed; requeueing job 77"),  # the stand-in scontrol refuses
+])
+def test_a_server_that_ends_with_the_failed_learner_is_named_as_the_cause(
+        tmp_path, main, helper_after, code, message):
+    """A server crash makes the learner fail soon after, and on a busy node srun may report the
+    learner's exit first, or both by the next poll: the job must still name the server (exit 3
+    here), not whichever step the supervisor saw first. A server still running 3 s after the
+    learner failed is not the cause. A learner that finished or checkpointed for a requeue
+    decides the job all the same."""
+    proc = run_lib(tmp_path, SUPERVISE_ENDED_STEPS.format(
+        log_dir=tmp_path, main=main, helper=3, helper_after=helper_after))
+    assert message in proc.stderr, proc.stderr
+    assert proc.returncode == code, proc.stderr
+    assert (code == 3) == ("step 'rollout'" in proc.stderr), proc.stderr
+
+
 def test_cpus_per_task_splits_the_node(tmp_path):
     proc = run_lib(tmp_path, "SLURM_CPUS_ON_NODE=96 gspo_cpus_per_task 2; SLURM_CPUS_ON_NODE=1 gspo_cpus_per_task 4")
     assert proc.stdout.split() == ["48", "1"]

@@ -14,14 +14,13 @@ What was measured and why each patch exists: ``../shared/notes/megatron-on-cpu.m
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, List
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 log = logging.getLogger(__name__)
 
@@ -49,42 +48,69 @@ def _cuda_type_name(tensor: torch.Tensor) -> str:
     return name
 
 
-class CudaToCpuMode(TorchFunctionMode):
-    """Redirect ``device="cuda"`` arguments and ``Tensor.cuda()`` to the CPU.
-
-    Pushed once for the whole process (the mode stack is thread-local, so worker threads that
-    never touch Megatron are unaffected).
-    """
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if "device" in kwargs:
-            kwargs["device"] = _to_cpu_device(kwargs["device"])
-        if func is torch.Tensor.cuda:
-            return args[0]
-        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
-            return _cuda_type_name(args[0])
-        if func is torch.Tensor.to and len(args) > 1:
-            args = (args[0], _to_cpu_device(args[1])) + tuple(args[2:])
-        return func(*args, **kwargs)
+# Every torch factory Megatron-Core 0.16.1 calls with ``device=`` (an AST scan of its source,
+# re-run by tests/test_cpu_compat.py so a new call site fails a test), and their siblings.
+REDIRECTED_FACTORIES = (
+    "arange", "as_tensor", "empty", "empty_like", "empty_strided", "eye", "full", "full_like",
+    "linspace", "ones", "ones_like", "rand", "rand_like", "randint", "randint_like", "randn",
+    "randn_like", "randperm", "tensor", "zeros", "zeros_like")
+REDIRECTED_TENSOR_METHODS = ("new_empty", "new_full", "new_ones", "new_tensor", "new_zeros")
 
 
-@contextmanager
-def device_redirect_suspended():
-    """Run code that never calls Megatron without :class:`CudaToCpuMode` on this thread.
+def _device_kwarg_to_cpu(factory):
+    """``factory`` with a CUDA ``device=`` keyword mapped to the CPU; a Python call per use."""
 
-    The mode sees every torch call of the thread, which costs ~4 us per call in Python. Code that
-    has no CUDA assumptions (the embedded Hugging Face rollout engine, evaluation) runs ~1.5x
-    faster on the tiny model without it. A no-op when the mode is not on top of the stack.
-    """
-    from torch.overrides import _get_current_function_mode_stack, _pop_mode_temporarily
+    @functools.wraps(factory)
+    def call(*args, **kwargs):
+        device = kwargs.get("device")
+        if device is not None:
+            kwargs["device"] = _to_cpu_device(device)
+        return factory(*args, **kwargs)
 
-    stack = _get_current_function_mode_stack()
-    if not stack or not isinstance(stack[-1], CudaToCpuMode):
-        yield
-        return
-    with _pop_mode_temporarily():
-        yield
+    call.cuda_to_cpu = True
+    return call
+
+
+def _tensor_to(original):
+    """``Tensor.to`` with a CUDA device, positional or keyword, mapped to the CPU."""
+
+    @functools.wraps(original)
+    def to(self, *args, **kwargs):
+        if args:
+            args = (_to_cpu_device(args[0]),) + args[1:]
+        device = kwargs.get("device")
+        if device is not None:
+            kwargs["device"] = _to_cpu_device(device)
+        return original(self, *args, **kwargs)
+
+    to.cuda_to_cpu = True
+    return to
+
+
+def _tensor_cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
+    """``Tensor.cuda()`` on a machine whose device is the CPU: the tensor itself."""
+    return self
+
+
+_tensor_cuda.cuda_to_cpu = True
+
+
+def _tensor_type(original):
+    """``Tensor.type()`` without arguments answers as on a GPU; with a target it converts."""
+
+    @functools.wraps(original)
+    def type_(self, *args, **kwargs):
+        if not args and not kwargs:
+            return _cuda_type_name(self)
+        return original(self, *args, **kwargs)
+
+    type_.cuda_to_cpu = True
+    return type_
+
+
+def redirect_installed() -> bool:
+    """Whether CUDA device arguments are mapped to the CPU in this process."""
+    return bool(getattr(torch.zeros, "cuda_to_cpu", False))
 
 
 # ---- the patches -----------------------------------------------------------------------------
@@ -187,7 +213,22 @@ def _patch_current_device() -> None:
 
 
 def _patch_device_arguments() -> None:
-    CudaToCpuMode().__enter__()
+    """Map ``device="cuda"``, ``.cuda()`` and ``.to("cuda")`` to the CPU where they are spelt.
+
+    Only the calls that can carry a device pay for the redirect: the torch factories, the
+    tensor factory methods, ``Tensor.to`` / ``.cuda`` / ``.type``. A ``TorchFunctionMode``
+    did this before and saw every torch call of the thread (35k per RL step of the benchmark
+    MoE, ~20% of the learner update: docs/performance.md). Global, so every thread sees it.
+    """
+    if redirect_installed():
+        return
+    for name in REDIRECTED_FACTORIES:
+        setattr(torch, name, _device_kwarg_to_cpu(getattr(torch, name)))
+    for name in REDIRECTED_TENSOR_METHODS:
+        setattr(torch.Tensor, name, _device_kwarg_to_cpu(getattr(torch.Tensor, name)))
+    torch.Tensor.to = _tensor_to(torch.Tensor.to)  # type: ignore[method-assign]
+    torch.Tensor.cuda = _tensor_cuda  # type: ignore[method-assign]
+    torch.Tensor.type = _tensor_type(torch.Tensor.type)  # type: ignore[method-assign]
 
 
 def _patch_rng() -> None:
@@ -367,8 +408,8 @@ PATCHES: List[Patch] = [
           "(schedules.py total_num_tokens, GlobalMemoryBuffer for SP, causal masks)",
           _patch_device_arguments, _probe_device_arguments),
     Patch("tensor_type_names", "the distributed optimizer and grad clipping check "
-          "param.type() == 'torch.cuda.FloatTensor' (answered by CudaToCpuMode, pushed by "
-          "device_arguments)", lambda: None, _probe_tensor_type_names),
+          "param.type() == 'torch.cuda.FloatTensor' (answered by the Tensor.type redirect "
+          "that device_arguments installs)", lambda: None, _probe_tensor_type_names),
     Patch("torch_adam_step_state", "loading distributed-optimizer state into torch's AdamW "
           "(the no-TE/apex fallback) fails with KeyError 'step', and state_dict() of a fresh "
           "one fails its single-step assertion",

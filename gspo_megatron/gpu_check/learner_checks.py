@@ -163,19 +163,17 @@ def check_logprobs_vs_hf(learner, hf_model, sizes: KitSizes) -> Outcome:
 
 def check_cpu_compat(runtime) -> Outcome:
     """The CPU compatibility layer is applied on CPU and nowhere else (never on a GPU)."""
-    from torch.overrides import _get_current_function_mode_stack
-
-    from gspo_megatron.distributed.cpu_compat import CudaToCpuMode, cpu_compat_applied
+    from gspo_megatron.distributed.cpu_compat import cpu_compat_applied, redirect_installed
 
     on_cpu = runtime.device.type == "cpu"
     applied = cpu_compat_applied()
-    mode_pushed = any(isinstance(m, CudaToCpuMode) for m in _get_current_function_mode_stack())
+    redirected = redirect_installed()
     current_device_patched = not getattr(torch.cuda.current_device, "__module__", "").startswith(
         "torch.cuda")
     numbers = {"device": str(runtime.device), "backend": runtime.backend, "applied": applied,
-               "device_redirect_mode_pushed": mode_pushed,
+               "device_redirect_installed": redirected,
                "torch_cuda_current_device_patched": current_device_patched}
-    passed = applied == on_cpu and mode_pushed == on_cpu and current_device_patched == on_cpu
+    passed = applied == on_cpu and redirected == on_cpu and current_device_patched == on_cpu
     where = "CPU" if on_cpu else "GPU"
     message = (f"{'applied' if applied else 'not applied'} on {where}, as it must be" if passed
                else f"CPU compatibility layer state is wrong for a {where} run")

@@ -81,6 +81,11 @@ def _fp8_kwargs(model: ModelConfig) -> dict:
 
 def _moe_kwargs(model: ModelConfig, on_gpu: bool) -> dict:
     """Qwen3-MoE routing: softmax, top-k (renormalised when norm_topk_prob), dropless."""
+    if model.moe_token_dispatcher == "alltoall" and not on_gpu:
+        # megatron/core/transformer/moe/token_dispatcher.py (0.16.1): MoEAlltoAllTokenDispatcher
+        # creates a torch.cuda.Stream when it is built, whatever the expert-parallel size.
+        raise ConfigError("model.moe_token_dispatcher: 'alltoall' needs CUDA (Megatron-Core's "
+                          "all-to-all dispatcher creates a CUDA stream); use 'allgather' on CPU")
     return dict(
         num_moe_experts=model.num_experts,
         moe_router_topk=model.moe_router_topk,

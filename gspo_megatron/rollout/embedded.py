@@ -8,24 +8,19 @@ the same samples for any batch size. New weights arrive by HF name through
 :meth:`load_weights` (the in-process transport) or :meth:`load_weights_from_disk` (the disk
 transport); ``engine.update_weights`` needs one attached (weight_sync.build_transport).
 
-``generation_context``: a context manager entered around each forward pass. The trainer passes
-the Megatron CPU-compatibility module's ``device_redirect_suspended`` (the engine itself never
-imports the learner's packages; a rollout server process has none of them).
-
     engine = EmbeddedEngine.from_pretrained("path/to/hf_dir")
     samples = engine.generate([GenerationRequest("p0", ids, n=4)], SamplingParams(seed=1))
 """
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import logging
 import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -55,8 +50,7 @@ class EmbeddedEngine(RolloutEngine):
 
     def __init__(self, model, tokenizer=None, max_batch_size: int = 256,
                  logprob_mode: str = "scaled", weight_version: Optional[str] = None,
-                 lean_decode: bool = True,
-                 generation_context: Callable[[], ContextManager] = contextlib.nullcontext) -> None:
+                 lean_decode: bool = True) -> None:
         super().__init__()
         if logprob_mode not in LOGPROB_MODES:
             raise ValueError(f"logprob_mode must be one of {LOGPROB_MODES}, got {logprob_mode!r}")
@@ -67,7 +61,6 @@ class EmbeddedEngine(RolloutEngine):
         self.weight_version = weight_version
         self.lean_decode = lean_decode
         """Decode Qwen3 / Qwen3-MoE with :class:`Qwen3Decoder` (False: the model's HF forward)."""
-        self.generation_context = generation_context
         self.device = next(model.parameters()).device
         self._lock = threading.Lock()  # one forward pass / weight load at a time
         self._eos_ids = self._find_eos_ids()
@@ -135,7 +128,7 @@ class EmbeddedEngine(RolloutEngine):
         out: List[GeneratedRow] = []
         for start in range(0, len(prompts), self.max_batch_size):
             end = start + self.max_batch_size
-            with self._lock, self.generation_context():
+            with self._lock:
                 out.extend(self._generate_rows(prompts[start:end], seeds[start:end], params,
                                                should_stop))
         return out

@@ -13,8 +13,7 @@ Attaching, launching, waiting for health and checking the SGLang version are
 
 from __future__ import annotations
 
-import contextlib
-from typing import Callable, ContextManager, Optional
+from typing import Optional
 
 from gspo_megatron.rollout.embedded import EmbeddedEngine
 from gspo_megatron.rollout.embedded_process import EmbeddedProcessEngine
@@ -24,24 +23,18 @@ from gspo_megatron.rollout.types import RolloutEngine
 
 
 def build_engine(cfg, model_path: Optional[str] = None, model=None, tokenizer=None,
-                 log_dir: Optional[str] = None,
-                 generation_context: Callable[[], ContextManager] = contextlib.nullcontext) -> RolloutEngine:
-    """An engine for ``cfg`` (a ``RolloutConfig``); the caller owns ``shutdown()``.
-
-    ``generation_context`` wraps the embedded engine's forward passes (see rollout/embedded.py).
-    """
+                 log_dir: Optional[str] = None) -> RolloutEngine:
+    """An engine for ``cfg`` (a ``RolloutConfig``); the caller owns ``shutdown()``."""
     if cfg.engine == "embedded":
         size = cfg.embedded_max_batch_size
         if model is not None:
-            return EmbeddedEngine(model, tokenizer, max_batch_size=size,
-                                  generation_context=generation_context)
+            return EmbeddedEngine(model, tokenizer, max_batch_size=size)
         if model_path is None:
             raise ValueError("rollout.engine=embedded needs a model or model.hf_path")
         if cfg.overlap_one_step:  # a thread would share the learner's GIL
             return EmbeddedProcessEngine(model_path, max_batch_size=size,
                                          num_threads=cfg.embedded_num_threads)
-        return EmbeddedEngine.from_pretrained(model_path, max_batch_size=size,
-                                              generation_context=generation_context)
+        return EmbeddedEngine.from_pretrained(model_path, max_batch_size=size)
     if cfg.engine in ("sglang", "reference"):
         if not cfg.sglang.server_addresses and model_path is None:
             raise ValueError(f"rollout.engine={cfg.engine} launches servers from model.hf_path; "

@@ -97,7 +97,6 @@ def _start_engine(cfg, run_dir: Path):
     the embedded engine's process loads its model meanwhile (its handshake is read at first use)."""
     import torch
 
-    from gspo_megatron.distributed.cpu_compat import device_redirect_suspended
     from gspo_megatron.rollout.factory import build_engine
 
     r = cfg.rollout
@@ -105,8 +104,7 @@ def _start_engine(cfg, run_dir: Path):
         threads = max(1, torch.get_num_threads() - r.embedded_num_threads)
         log.info("learner: %d torch thread(s) beside the engine's %d", threads, r.embedded_num_threads)
         torch.set_num_threads(threads)
-    return build_engine(r, model_path=cfg.model.hf_path, log_dir=str(run_dir / "logs"),
-                        generation_context=device_redirect_suspended)
+    return build_engine(r, model_path=cfg.model.hf_path, log_dir=str(run_dir / "logs"))
 
 
 def _build_weight_sync(parts: TrainerParts, cfg, runtime):
