@@ -271,20 +271,17 @@ gspo_reap_ended_helper() {
 # server) that ends within GSPO_HELPER_EXIT_WAIT_S (5) seconds, or had ended already, is named
 # as the cause. Which step the poll visits first must not decide the message.
 gspo_supervise() {
-  local i pid code log main_name main_code helper deadline
+  local i code log main_name main_code helper deadline
   while true; do
-    main_code="" helper=""
+    main_code=""
     for i in "${!GSPO_STEP_PIDS[@]}"; do
-      pid=${GSPO_STEP_PIDS[$i]}
-      kill -0 "$pid" 2>/dev/null && continue
-      code=0
-      wait "$pid" || code=$?
-      if [[ $pid == "$GSPO_MAIN_PID" ]]; then
-        main_name=${GSPO_STEP_NAMES[$i]} main_code=$code
-      elif [[ -z $helper ]]; then
-        helper="$i $code"
-      fi
+      [[ ${GSPO_STEP_PIDS[$i]} == "$GSPO_MAIN_PID" ]] || continue
+      kill -0 "$GSPO_MAIN_PID" 2>/dev/null && break
+      main_name=${GSPO_STEP_NAMES[$i]} main_code=0
+      wait "$GSPO_MAIN_PID" || main_code=$?
     done
+    gspo_reap_ended_helper || true
+    helper=$GSPO_ENDED_HELPER
     if [[ -n $main_code ]] && { ((main_code == 0)) || gspo_learner_checkpointed "$main_code" \
       "${GSPO_LOG_DIR}/${main_name}.r${GSPO_RESTART}.log"; }; then
       gspo_main_step_done "$main_name" "$main_code"
