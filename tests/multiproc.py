@@ -1,10 +1,15 @@
 """Run a test function on N gloo processes (the shared fixture for multi-process tests).
 
-``run_on_ranks(fn, world_size=2, **kwargs)`` spawns ``world_size`` fresh interpreters, sets the
+``run_on_ranks(fn, world_size=2, **kwargs)`` starts ``world_size`` processes, sets the
 torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) in each, calls
 ``fn(rank, **kwargs)`` and returns the per-rank results in rank order. ``fn`` must be a
 module-level function (it is pickled by name). A failure on any rank fails the test with that
 rank's traceback; a hang fails it after ``timeout_s``. Only processes started here are stopped.
+
+The processes come from a ``forkserver`` that has imported torch, the CPU compatibility layer and
+Megatron-Core once (``tests/rank_preload.py``) instead of each importing them afresh (~5 s per
+process). Each rank gets the caller's environment of the moment, as a spawned process would,
+not the fork server's.
 """
 
 from __future__ import annotations
@@ -20,7 +25,20 @@ import torch.multiprocessing as mp
 from gspo_megatron.distributed.runtime import free_port
 
 
-def _worker(fn, rank: int, world_size: int, port: int, kwargs: dict, results) -> None:
+_PRELOAD = ["tests.rank_preload"]
+
+
+def _context():
+    """The shared fork server's context; its preload is set before the server first starts."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
+def _worker(fn, rank: int, world_size: int, port: int, kwargs: dict, results,
+            environ: dict) -> None:
+    os.environ.clear()  # the caller's environment, not the one the fork server started with
+    os.environ.update(environ)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     import torch
@@ -49,10 +67,11 @@ def _worker(fn, rank: int, world_size: int, port: int, kwargs: dict, results) ->
 
 def run_on_ranks(fn: Callable[..., Any], world_size: int = 2, timeout_s: float = 300.0,
                  **kwargs) -> List[Any]:
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(fn, r, world_size, port, kwargs, results))
+    environ = dict(os.environ)
+    procs = [ctx.Process(target=_worker, args=(fn, r, world_size, port, kwargs, results, environ))
              for r in range(world_size)]
     for p in procs:
         p.start()

@@ -104,7 +104,10 @@ def test_learner_on_node1_and_reference_server_on_node2(cluster2, tiny_assets, t
 def test_real_trainer_preempted_by_slurm_resumes_to_the_full_step_count(cluster1, tiny_assets, tmp_path):
     """USR1 to the batch shell as at --signal=B:USR1@T: checkpoint, exit 124, requeue, resume."""
     run_dir = tmp_path / "run"
-    num_steps = 8
+    # Long enough that the signal lands mid-run: it is sent once the first step is logged (0.5 s
+    # polls, then scancel), and 8 of these tiny steps took under a second once the CPU learner
+    # got faster, so the run could finish first and never be requeued.
+    num_steps = 40
     overrides = [o for o in small_run_overrides(tiny_assets) if not o.startswith("trainer.num_steps")]
     job = cluster1.sbatch(f"--output={tmp_path}/job.out", "slurm/tiny_cpu.sh", f"trainer.num_steps={num_steps}",
                           *overrides, "rollout.engine=embedded", "rollout.weight_sync.transport=auto",

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from gspo_megatron.algorithms.length_diagnostics import length_diagnostics
 from gspo_megatron.algorithms.logprobs import sequence_sums
-from gspo_megatron.algorithms.metrics import metric_max, metric_mean, metric_min
+from gspo_megatron.algorithms.metrics import metric_max, metric_mean, metric_min, metric_rows
 from gspo_megatron.algorithms.types import PolicyLossInputs
 
 Metrics = Dict[str, torch.Tensor]
@@ -160,13 +160,15 @@ def clip_metrics(low_tok: torch.Tensor, high_tok: torch.Tensor, inputs: PolicyLo
     response length with the sequence log-ratios ``[num_seqs]`` (``length_diagnostics.py``)."""
     clipped = (low_tok | high_tok).double()
     per_seq = sequence_sums(clipped, inputs.seq_index, inputs.num_seqs, inputs.cp_group) > 0
-    ratio = ratio.detach()
-    out = {"clip_frac_token_low": metric_mean(low_tok.double()),
-           "clip_frac_token_high": metric_mean(high_tok.double()),
-           "clip_frac_token": metric_mean(clipped),
-           "clip_frac_seq": metric_mean(per_seq.double()),
-           "ratio_mean": metric_mean(ratio), "ratio_min": metric_min(ratio),
-           "ratio_max": metric_max(ratio)}
+    ratio = ratio.detach().double()
+    num_tokens, num_seqs = float(clipped.numel()), float(per_seq.numel())
+    sums = torch.stack([low_tok.double().sum(), high_tok.double().sum(), clipped.sum(),
+                        per_seq.double().sum(), ratio.sum()])
+    counts = torch.tensor([num_tokens, num_tokens, num_tokens, num_seqs, float(ratio.numel())],
+                          dtype=torch.float64, device=sums.device)
+    out = metric_rows(["clip_frac_token_low", "clip_frac_token_high", "clip_frac_token",
+                       "clip_frac_seq", "ratio_mean"], sums, counts)
+    out.update(ratio_min=metric_min(ratio), ratio_max=metric_max(ratio))
     out.update(length_diagnostics(seq_log_ratio, per_seq, clipped > 0, inputs.seq_token_counts,
                                   inputs.seq_index, cfg.diagnostics))
     return out

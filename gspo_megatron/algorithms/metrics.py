@@ -41,6 +41,15 @@ def metric_mean(values: torch.Tensor, mask: Optional[torch.Tensor] = None) -> to
     return torch.stack([values.sum(), values.new_tensor(float(values.numel()))])
 
 
+def metric_rows(names, sums: torch.Tensor, counts: torch.Tensor) -> Metrics:
+    """Many ``[sum, count]`` metrics at once: ``names[i]`` gets ``[sums[i], counts[i]]``
+    (float64, detached); one stack instead of one per metric."""
+    pairs = torch.stack([sums.detach().to(torch.float64), counts.detach().to(torch.float64)], 1)
+    if pairs.shape[0] != len(names):
+        raise ValueError(f"{len(names)} metric names for {pairs.shape[0]} values")
+    return dict(zip(names, pairs.unbind(0)))
+
+
 def metric_max(values: torch.Tensor) -> torch.Tensor:
     """``[max, count]`` (``[-inf, 0]`` when empty)."""
     values = values.detach().to(torch.float64)

@@ -80,6 +80,7 @@ def _is_bad_input(exc: BaseException) -> bool:
 def run_collective(parallel: ParallelConfig, fn: Callable[[], object]) -> int:
     """Initialise the runtime for ``parallel``, call ``fn`` on every rank, map errors to codes."""
     from gspo_megatron.distributed.runtime import init_distributed, shutdown_distributed
+    from gspo_megatron.distributed.startup_gc import collector_paused_for_start_up
 
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
@@ -89,7 +90,8 @@ def run_collective(parallel: ParallelConfig, fn: Callable[[], object]) -> int:
 
     children_die_with_this_process()  # checkpoint writer processes end with this tool
     try:
-        init_distributed(parallel)
+        with collector_paused_for_start_up():  # Megatron-Core's import: no garbage to find
+            init_distributed(parallel)
         fn()
         return EXIT_OK
     except Exception as exc:  # the tool's contract is an exit code plus one clear line

@@ -164,6 +164,7 @@ def _exit_code(exc: BaseException, run_dir: Path, log: logging.Logger) -> Option
 def _run(cfg, preemption, log: logging.Logger) -> int:
     from gspo_megatron.distributed.child_processes import children_die_with_this_process
     from gspo_megatron.distributed.runtime import init_distributed, shutdown_distributed
+    from gspo_megatron.distributed.startup_gc import collector_paused_for_start_up
     from gspo_megatron.trainer.preemption import REQUEUE_EXIT_CODE
     from gspo_megatron.trainer.run_lock import RunDirLock
 
@@ -171,14 +172,16 @@ def _run(cfg, preemption, log: logging.Logger) -> int:
     run_dir = Path(cfg.logging.run_dir)
     created_run_dir = not run_dir.exists()
     lock = RunDirLock(run_dir)
-    runtime = init_distributed(cfg.parallel, seed=cfg.trainer.seed)
+    with collector_paused_for_start_up():  # imports and model building: no garbage to find
+        runtime = init_distributed(cfg.parallel, seed=cfg.trainer.seed)
     finished = False
     try:
         from gspo_megatron.trainer.build import build_parts
         from gspo_megatron.trainer.loop import run_training
 
         _prepare_run_dir(cfg, runtime, lock)
-        parts = build_parts(cfg, runtime, preemption)
+        with collector_paused_for_start_up():
+            parts = build_parts(cfg, runtime, preemption)
         if _any_rank(runtime, preemption.requested):  # signalled while building: requeue
             parts.close()
             return preemption.exit_code_if_requested("building the run") or REQUEUE_EXIT_CODE

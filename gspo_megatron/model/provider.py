@@ -246,6 +246,10 @@ def build_layer_spec(model: ModelConfig, config, vp_stage: Optional[int] = None)
     sub = layer.submodules
     sub.input_layernorm = SequenceParallelRMSNorm
     sub.pre_mlp_layernorm = SequenceParallelRMSNorm
+    if num_experts and not model.moe_grouped_gemm:  # same parameters, one grouped GEMM on CPU
+        from gspo_megatron.model.grouped_experts import GroupedMatmulSequentialMLP
+
+        sub.mlp.submodules.experts.module = GroupedMatmulSequentialMLP
     attn = sub.self_attention.submodules
     if config.context_parallel_size > 1:
         from gspo_megatron.model.context_parallel_attention import (
