@@ -82,8 +82,8 @@ def _assert_bitwise_equal(res):
 
 def test_grouped_experts_equal_megatrons_loop_bit_for_bit_including_an_empty_expert():
     """Outputs and the gradients of the input, the routing probabilities and every expert weight
-    are exactly SequentialMLP's; the parameters keep SequentialMLP's names (checkpoints, the HF
-    mapping and weight sync are unchanged)."""
+    are exactly SequentialMLP's (one thread, as ``run_on_ranks`` sets); the parameters keep
+    SequentialMLP's names (checkpoints, the HF mapping and weight sync are unchanged)."""
     res = run_on_ranks(_compare_on_one_rank, world_size=1, config_overrides={},
                        counts=[5, 0, 9, 3])[0]
     assert res["calls"] == 2  # fc1 and fc2, each one grouped GEMM over the four experts
