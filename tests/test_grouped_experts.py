@@ -7,7 +7,7 @@ import torch
 from tests.multiproc import run_on_ranks
 
 
-def _experts(config_overrides: dict):
+def _experts(config_overrides: dict, ffn: int = 16):
     """Megatron's SequentialMLP and ours with the same weights (one-rank Megatron state)."""
     from megatron.core.models.gpt import gpt_layer_specs
     from megatron.core.process_groups_config import ProcessGroupCollection
@@ -19,7 +19,7 @@ def _experts(config_overrides: dict):
     from gspo_megatron.model.provider import build_transformer_config
 
     init_distributed(ParallelConfig(), seed=3)
-    model = ModelConfig(num_experts=4, moe_ffn_hidden_size=16, hidden_size=32,
+    model = ModelConfig(num_experts=4, moe_ffn_hidden_size=ffn, hidden_size=32,
                         num_attention_heads=4, num_query_groups=2, head_dim=8,
                         params_dtype="fp32", transformer_impl="local")
     config = build_transformer_config(model, ParallelConfig(), on_gpu=False)
@@ -46,8 +46,8 @@ def _fwd_bwd(module, x, counts, probs, grad_out):
     return out.detach(), bias, x.grad, probs.grad, grads
 
 
-def _compare_on_one_rank(rank, config_overrides, counts):
-    theirs, ours = _experts(config_overrides)
+def _compare_on_one_rank(rank, config_overrides, counts, ffn=16):
+    theirs, ours = _experts(config_overrides, ffn)
     g = torch.Generator().manual_seed(11)
     counts = torch.tensor(counts)
     tokens = int(counts.sum())
@@ -82,13 +82,29 @@ def _assert_bitwise_equal(res):
 
 def test_grouped_experts_equal_megatrons_loop_bit_for_bit_including_an_empty_expert():
     """Outputs and the gradients of the input, the routing probabilities and every expert weight
-    are exactly SequentialMLP's; the parameters keep SequentialMLP's names (checkpoints, the HF
-    mapping and weight sync are unchanged)."""
+    are exactly SequentialMLP's (one thread, as ``run_on_ranks`` sets); the parameters keep
+    SequentialMLP's names (checkpoints, the HF mapping and weight sync are unchanged)."""
     res = run_on_ranks(_compare_on_one_rank, world_size=1, config_overrides={},
                        counts=[5, 0, 9, 3])[0]
     assert res["calls"] == 2  # fc1 and fc2, each one grouped GEMM over the four experts
     _assert_bitwise_equal(res)
     assert "local_experts.3.linear_fc2.weight" in res["names"] and len(res["names"]) == 8
+
+
+def test_a_batch_with_no_tokens_at_all():
+    res = run_on_ranks(_compare_on_one_rank, world_size=1, config_overrides={},
+                       counts=[0, 0, 0, 0])[0]
+    assert res["calls"] == 2 and res["ours"][0].shape == (0, 32)
+    _assert_bitwise_equal(res)
+
+
+def test_expert_widths_the_cpu_grouped_gemm_refuses_run_megatrons_loop():
+    """torch's CPU ``_grouped_mm`` needs rows of a multiple of 16 bytes: an expert width of 6
+    fp32 values would fail inside torch ("strides should be multiple of 16 bytes")."""
+    res = run_on_ranks(_compare_on_one_rank, world_size=1, config_overrides={},
+                       counts=[3, 1, 0, 2], ffn=6)[0]
+    assert res["calls"] == 0
+    _assert_bitwise_equal(res)
 
 
 def test_configurations_outside_the_grouped_path_run_megatrons_loop():

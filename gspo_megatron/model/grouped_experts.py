@@ -13,12 +13,16 @@ Megatron's DDP gradient hooks see exactly what they see with SequentialMLP) and 
 experts at once with ``torch._grouped_mm`` over the stacked weights: the dispatcher has already
 grouped the tokens by expert, so the group offsets are the cumulative ``tokens_per_expert``.
 The activation mirrors ``MLP.forward``'s unfused branch expression for expression. On CPU the
-grouped matmul is the same per-group GEMM, so outputs and gradients are bitwise those of the
-loop (``tests/test_grouped_experts.py`` checks it against Megatron's own SequentialMLP).
+grouped matmul is the same per-group GEMM, so with one thread outputs and gradients are bitwise
+those of the loop (``tests/test_grouped_experts.py`` checks it against Megatron's own
+SequentialMLP). With several threads torch may split an element-wise kernel (SiLU) over one
+large tensor at other points than over the per-expert pieces, and its vectorised and scalar
+code paths can differ in the last bit, so a value may differ by one rounding there.
 
 Whatever the grouped path does not cover runs the parent's loop unchanged: tensors off the CPU
-(the GPU path uses Transformer Engine's grouped experts), expert tensor parallelism, FP8/FP4,
-biases, fused or TE activations, deferred weight gradients, recomputed MoE activations.
+(the GPU path uses Transformer Engine's grouped experts), other dtypes than fp32, sizes that are
+not multiples of 4 (CPU ``_grouped_mm`` needs 16-byte rows), expert tensor parallelism,
+FP8/FP4, biases, fused or TE activations, deferred weight gradients, recomputed MoE activations.
 """
 
 from __future__ import annotations
@@ -32,8 +36,19 @@ def grouped_mm_available() -> bool:
     return callable(getattr(torch, "_grouped_mm", None))
 
 
+def _groupable_tensors(x: torch.Tensor, fc1_weight: torch.Tensor, gated: bool) -> bool:
+    """What torch 2.13's CPU ``_grouped_mm`` takes: fp32 here (it refuses fp64, and bf16 / fp16
+    need other layouts), and rows of a multiple of 16 bytes ("strides should be multiple of 16
+    bytes"): the hidden size and the expert width multiples of 4."""
+    hidden, width = fc1_weight.shape[-1], fc1_weight.shape[0]
+    activated = width // 2 if gated else width  # fc2's input width
+    return (x.device.type == "cpu" and x.dim() == 2 and x.dtype == torch.float32
+            and fc1_weight.dtype == torch.float32
+            and all(size % 4 == 0 for size in (hidden, width, activated)))
+
+
 class GroupedMatmulSequentialMLP(SequentialMLP):
-    """SequentialMLP whose forward groups the experts' GEMMs (same parameters, same bits on CPU)."""
+    """SequentialMLP whose forward groups the experts' GEMMs (same parameters, same math)."""
 
     def _groupable_config(self) -> bool:
         c = self.config
@@ -51,9 +66,10 @@ class GroupedMatmulSequentialMLP(SequentialMLP):
         """Tokens ``[T, H]`` grouped by expert (``tokens_per_expert`` [E]) -> ``([T, H], None)``."""
         x = permuted_local_hidden_states
         fc1 = [expert.linear_fc1.weight for expert in self.local_experts]
-        if (x.device.type != "cpu" or x.dtype != fc1[0].dtype or x.dim() != 2
-                or not self._groupable_config()):
+        gated = self.config.gated_linear_unit
+        if not (self._groupable_config() and _groupable_tensors(x, fc1[0], gated)):
             return super().forward(permuted_local_hidden_states, tokens_per_expert, permuted_probs)
+        x = x.contiguous()  # 16-byte rows (checked above) with unit column stride
         offsets = torch.cumsum(tokens_per_expert.to(device="cpu", dtype=torch.int64), 0)
         offsets = offsets.to(torch.int32)
         fc1_weights = torch.stack(fc1)  # [E, ffn (x2 gated), H]
