@@ -8,8 +8,8 @@ rank's traceback; a hang fails it after ``timeout_s``. Only processes started he
 
 The processes come from a ``forkserver`` that has imported torch, the CPU compatibility layer and
 Megatron-Core once (``tests/rank_preload.py``) instead of each importing them afresh (~5 s per
-process). Each rank gets the caller's environment of the moment, as a spawned process would,
-not the fork server's.
+process). Each rank gets the caller's environment and working directory of the moment, as a
+spawned process would, not the fork server's.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import io
 import os
 import queue
 import traceback
+from multiprocessing import forkserver
+from pathlib import Path
 from typing import Any, Callable, List
 
 import torch.multiprocessing as mp
@@ -28,17 +30,33 @@ from gspo_megatron.distributed.runtime import free_port
 _PRELOAD = ["tests.rank_preload"]
 
 
+_REPO = Path(__file__).resolve().parents[1]
+
+
 def _context():
-    """The shared fork server's context; its preload is set before the server first starts."""
+    """The shared fork server's context; its preload is set before the server first starts.
+
+    Python 3.11's fork server is a ``python -c`` process that receives the caller's ``sys.path``
+    but never applies it (``multiprocessing/forkserver.py``, ``main``): it imports the preload
+    from its own default path, whose first entry is its working directory. So it is started from
+    the repository root, whatever directory the calling test is in; a failed preload import
+    would be ignored silently and every rank would pay the imports again."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
+    caller_cwd = os.getcwd()
+    os.chdir(_REPO)
+    try:
+        forkserver.ensure_running()  # a no-op once the server is up
+    finally:
+        os.chdir(caller_cwd)
     return ctx
 
 
 def _worker(fn, rank: int, world_size: int, port: int, kwargs: dict, results,
-            environ: dict) -> None:
+            environ: dict, cwd: str) -> None:
     os.environ.clear()  # the caller's environment, not the one the fork server started with
     os.environ.update(environ)
+    os.chdir(cwd)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     import torch
@@ -70,8 +88,8 @@ def run_on_ranks(fn: Callable[..., Any], world_size: int = 2, timeout_s: float =
     ctx = _context()
     results = ctx.Queue()
     port = free_port()
-    environ = dict(os.environ)
-    procs = [ctx.Process(target=_worker, args=(fn, r, world_size, port, kwargs, results, environ))
+    caller = (dict(os.environ), os.getcwd())
+    procs = [ctx.Process(target=_worker, args=(fn, r, world_size, port, kwargs, results, *caller))
              for r in range(world_size)]
     for p in procs:
         p.start()
