@@ -4,8 +4,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The real SGLang 0.5.23 server, on CPU, in its own virtualenv (its torch differs from ours):
+# ~11 GB and ~5 min on first use; the tests run our rollout code against it (docs/rollout.md).
+SGLANG_VENV ?= .venv-sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.installed
 
-.PHONY: install system-deps demo test test-fast clean
+.PHONY: install system-deps sglang-venv demo test test-fast clean
 
 $(STAMP): requirements-cpu.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +19,17 @@ $(STAMP): requirements-cpu.txt pyproject.toml
 
 install: $(STAMP)
 
+$(SGLANG_STAMP): sglang_cpu/requirements.txt sglang_cpu/constraints.txt sglang_cpu/pyproject.toml sglang_cpu/sgl_kernel/__init__.py
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install -q -r sglang_cpu/requirements.txt -c sglang_cpu/constraints.txt
+	# sglang-kernel is CUDA-only (fails to import without libcuda.so.1); ours replaces it
+	$(SGLANG_VENV)/bin/pip uninstall -y -q sglang-kernel
+	$(SGLANG_VENV)/bin/pip install -q --no-deps --force-reinstall ./sglang_cpu
+	$(SGLANG_VENV)/bin/python -c "import sgl_kernel, sglang; assert sgl_kernel.__version__.endswith('+gspo.cpu'), sgl_kernel.__file__"
+	touch $@
+
+sglang-venv: $(SGLANG_STAMP)
+
 # System packages the test suite needs (a real local Slurm); needs root, idempotent.
 system-deps:
 	bash tools/slurm_local.sh install
@@ -23,11 +38,11 @@ demo: install
 	$(PY) tools/make_tiny_assets.py runs/tiny_assets
 	OMP_NUM_THREADS=2 $(VENV)/bin/gspo-train configs/tiny_cpu.yaml
 
-test: install system-deps
+test: install system-deps sglang-venv
 	$(PY) -m pytest -q -ra
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(SGLANG_VENV) runs .pytest_cache

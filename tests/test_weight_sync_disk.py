@@ -44,7 +44,8 @@ def test_disk_transport_to_reference_server(tmp_path, new_policy):
         eng.attach_weight_transport(DiskTransport(str(tmp_path), 64 * 1024, servers=True))
         stats = eng.update_weights(new.state_dict().items(), weight_version="disk-1")
         # the disk path needs no begin/end session (update_weights_from_disk post-processes itself)
-        calls = [p for _, p, _ in server.request_log]
+        # (/server_info: the sender reads the server's model path to check names and shapes)
+        calls = [p for _, p, _ in server.request_log if p != "/server_info"]
         assert calls == ["/pause_generation", "/update_weights_from_disk", "/flush_cache",
                          "/continue_generation"]
         assert stats.phases["weight_sync/num_servers"] == 1.0

@@ -67,7 +67,8 @@ def test_broadcast_sync_to_server_processes(tmp_path, monkeypatch):
             new, tok = build_tiny_policy(seed=seed)
             stats = eng.update_weights(((n, t.clone()) for n, t in new.state_dict().items()), version)
             assert stats.num_buckets > 1 and stats.num_tensors == len(new.state_dict())
-            assert transport.world_size == 3 and transport.group_name == "weight_update_group"
+            assert transport.world_size == 3
+            assert transport.group_name == f"weight_update_group_{transport.incarnation}"
             _check_weights(eng.clients, new)
             samples = eng.generate([GenerationRequest(f"p{i}", tok(t)["input_ids"], n=2)
                                     for i, t in enumerate(["1+2=", "hello"])],

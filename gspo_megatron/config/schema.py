@@ -246,6 +246,21 @@ class SGLangConfig:
     """Requests in flight per server."""
     deterministic_inference: bool = False
     """Start SGLang with --enable-deterministic-inference so that sampling_seed is honoured."""
+    device: str = "cuda"
+    """``cuda`` (the cluster) or ``cpu``: SGLang's CPU engine (``SGLANG_USE_CPU_ENGINE=1``,
+    ``--device cpu --attention-backend torch_native --disable-cuda-graph --sleep-on-idle``), the
+    real server on a machine without a GPU (docs/rollout.md); disaggregated mode only."""
+    python: Optional[str] = None
+    """Interpreter of servers the trainer launches (a virtualenv with sglang, e.g.
+    ``.venv-sglang/bin/python`` from ``make sglang-venv``); None: the trainer's own."""
+    dtype: Optional[str] = None
+    """``--dtype`` of launched servers. None: the checkpoint's own (``config.json``), because
+    SGLang's ``auto`` serves a float32 checkpoint in float16 (``srt/configs/model_config.py``;
+    on the tiny model its log-probs then differ from the learner's by ~1e-4 instead of ~1e-7).
+    ``auto`` leaves the choice to SGLang."""
+    max_total_tokens: Optional[int] = None
+    """``--max-total-tokens`` of each server (KV-cache size in tokens); None: SGLang sizes it
+    from ``mem_fraction_static`` (on CPU: of the host's memory, so set it there)."""
 
 
 @dataclass

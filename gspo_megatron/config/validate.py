@@ -15,6 +15,9 @@ from gspo_megatron.config.errors import ConfigError  # noqa: F401  (re-exported)
 from gspo_megatron.config.allocation import allocation_problems, fleet_problems
 from gspo_megatron.config.sequence_padding import FP8_RECIPES, pad_multiple_for, round_up
 
+SGLANG_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+"""``--dtype`` choices of sglang 0.5.23 (``srt/arg_groups/fields/model.py``)."""
+
 CHOICES = {
     "model.arch": ("qwen3", "qwen3_moe"),
     "model.transformer_impl": ("auto", "transformer_engine", "local"),
@@ -33,6 +36,7 @@ CHOICES = {
     "algo.tis.level": ("token", "sequence"),
     "rollout.engine": ("embedded", "sglang", "reference"),
     "rollout.mode": ("colocated", "disaggregated"),
+    "rollout.sglang.device": ("cuda", "cpu"),
     "rollout.weight_sync.transport": ("auto", "nccl", "tensor", "disk"),
     "checkpoint.resume": ("auto", "always", "never"),
     "logging.wandb.mode": ("offline", "online", "disabled"),
@@ -383,6 +387,19 @@ def _check_rollout(cfg, check) -> None:
     check(r.engine != "embedded" or ws.transport in ("auto", "tensor", "disk"),
           "rollout.weight_sync.transport", f"'{ws.transport}' needs server engines; the embedded "
           "engine takes 'tensor' or 'disk'")
+    s = r.sglang
+    if r.engine == "sglang" and s.device == "cpu":
+        # sglang 0.5.23's /release_memory_occupation synchronises CUDA: on the CPU engine it kills
+        # the server (tried on the real server, docs/rollout.md), and there is no GPU to share.
+        check(r.mode == "disaggregated", "rollout.mode", "SGLang's CPU engine "
+              "(rollout.sglang.device=cpu) cannot release its memory (colocated mode is a GPU "
+              "feature); set rollout.mode=disaggregated")
+        check(s.tp == 1 and s.dp == 1 and s.ep == 1, "rollout.sglang.tp",
+              "SGLang's CPU engine is run here with one process per server (tp = dp = ep = 1)")
+    check(s.dtype is None or s.dtype in SGLANG_DTYPES, "rollout.sglang.dtype",
+          f"{s.dtype!r} is not one of {', '.join(SGLANG_DTYPES)} (or null: the checkpoint's own)")
+    check(s.max_total_tokens is None or s.max_total_tokens >= 1, "rollout.sglang.max_total_tokens",
+          "must be >= 1 (or null)")
 
 
 def _check_optimizer(cfg, check) -> None:

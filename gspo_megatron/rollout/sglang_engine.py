@@ -85,13 +85,46 @@ class SGLangEngine(RolloutEngine):
         engine = cls(addresses, cfg.request_timeout_s, cfg.max_retries, cfg.health_timeout_s,
                      max_concurrency_per_server=cfg.max_concurrency_per_server,
                      launcher=launcher, server_tp_size=cfg.tp)
+        return engine._start(recover=launcher is None)
+
+    @classmethod
+    def attach(cls, addresses: Sequence[str], **kwargs) -> "SGLangEngine":
+        """An engine on servers that are already running (perhaps left by a trainer that died):
+        recover them, wait for health, check the version."""
+        return cls(addresses, **kwargs)._start(recover=True)
+
+    def _start(self, recover: bool) -> "SGLangEngine":
         try:
-            engine.wait_healthy(cfg.health_timeout_s)
-            engine.check_versions()
+            if recover:
+                self.recover_servers()
+            self.wait_healthy(self.health_timeout_s)
+            self.check_versions()
         except Exception:
-            engine.shutdown()
+            self.shutdown()
             raise
-        return engine
+        return self
+
+    def recover_servers(self) -> None:
+        """Undo what a killed predecessor may have left on servers we did not start: an open
+        weight-update session (``/begin_weight_update`` would be refused) and paused generation
+        (every request would wait at the gate). Its broadcast group stays registered on the
+        server; ours gets another name (``weight_sync/distributed_broadcast.py``). The weights
+        may be half-updated: the trainer syncs its own before the first rollout, since this
+        engine has no weight version yet. Unreachable servers are left to the health check."""
+        for s in self.pool.servers:
+            try:
+                s.client.end_weight_update()
+                log.warning("rollout server %s had a weight-update session open (a previous "
+                            "trainer died inside a sync): ended it", s.address)
+            except api.ServerRefused:
+                pass  # none open: the normal case
+            except ServerUnavailable as exc:
+                log.warning("rollout server %s: %s", s.address, exc)
+                continue
+            try:
+                s.client.continue_generation()
+            except (api.ServerRefused, ServerUnavailable) as exc:
+                log.warning("rollout server %s: continuing generation: %s", s.address, exc)
 
     @property
     def clients(self) -> List[SGLangServerClient]:

@@ -14,6 +14,7 @@ itself must pass it too.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -49,11 +50,47 @@ def sglang_server_command(cfg, model_path: str, index: int, host: str = "127.0.0
            "--tp-size", str(cfg.tp), "--dp-size", str(cfg.dp), "--ep-size", str(cfg.ep),
            "--mem-fraction-static", str(cfg.mem_fraction_static),
            "--base-gpu-id", str(index * gpus_per_server)]
+    dtype = cfg.dtype or checkpoint_dtype(model_path)
+    if dtype is not None:
+        cmd += ["--dtype", dtype]
+    if cfg.max_total_tokens is not None:
+        cmd += ["--max-total-tokens", str(cfg.max_total_tokens)]
+    if cfg.device == "cpu":
+        cmd += CPU_ENGINE_ARGS
     if enable_memory_saver:
         cmd.append("--enable-memory-saver")
     if deterministic:
         cmd.append("--enable-deterministic-inference")
     return cmd
+
+
+def checkpoint_dtype(model_path: str) -> Optional[str]:
+    """The HF checkpoint's own dtype (``config.json``: ``dtype``, or ``torch_dtype`` before
+    transformers 4.56), or None when it cannot be read here (a hub id, a path only the server
+    nodes mount): SGLang then picks, and a float32 checkpoint is served in float16."""
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        log.warning("cannot read %s/config.json: SGLang chooses the servers' dtype (float16 for a "
+                    "float32 checkpoint); set rollout.sglang.dtype to choose it", model_path)
+        return None
+    dtype = config.get("dtype") or config.get("torch_dtype")
+    return dtype if isinstance(dtype, str) else None
+
+
+CPU_ENGINE_ARGS = ["--device", "cpu", "--attention-backend", "torch_native",
+                   "--disable-cuda-graph", "--sleep-on-idle"]
+"""SGLang 0.5.23's CPU engine, as run here (docs/rollout.md): the pure-torch attention, no CUDA
+graphs, and a scheduler that sleeps when idle (it spins a core otherwise)."""
+
+CPU_ENGINE_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
+"""With ``--device cpu``: the environment that selects the CPU engine (``srt/utils``)."""
+
+
+def sglang_server_env(cfg) -> Dict[str, str]:
+    """Environment additions for a server of this fleet (the CPU engine's switch)."""
+    return dict(CPU_ENGINE_ENV) if cfg.device == "cpu" else {}
 
 
 def reference_server_command(model_path: str, port: int, host: str = "127.0.0.1",
@@ -117,10 +154,10 @@ class ServerLauncher:
 def launch_sglang_fleet(cfg, model_path: str, host: str = "127.0.0.1",
                         log_dir: Optional[str] = None, enable_memory_saver: bool = False) -> ServerLauncher:
     """Start ``cfg.num_servers`` SGLang servers (an ``SGLangConfig``) on this node."""
-    launcher = ServerLauncher(log_dir)
+    launcher = ServerLauncher(log_dir, env=sglang_server_env(cfg))
     for i in range(cfg.num_servers):
         cmd = sglang_server_command(cfg, model_path, i, host, enable_memory_saver,
-                                    cfg.deterministic_inference)
+                                    cfg.deterministic_inference, python=cfg.python or sys.executable)
         launcher.start(cmd, f"{host}:{cfg.port + i}")
     return launcher
 

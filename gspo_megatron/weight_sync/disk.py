@@ -40,6 +40,7 @@ class DiskTransport(BucketTransport):
         super().__init__(engine, bucket_bytes)
         self.disk_dir = disk_dir
         self.servers = servers
+        self.checks_server_model = servers
         self.config_dir = config_dir
         self.timeout_s = timeout_s
         self._clients: List[SGLangServerClient] = []

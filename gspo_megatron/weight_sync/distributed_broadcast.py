@@ -23,7 +23,9 @@ the group's creation, so this side does not pass it either.
 from __future__ import annotations
 
 import logging
+import secrets
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional
@@ -51,6 +53,7 @@ class BroadcastTransport(BucketTransport):
     """One broadcast group between this process (rank 0) and every member server's TP ranks."""
 
     dst = "stage"
+    checks_server_model = True
 
     def __init__(self, bucket_bytes: int, server_tp_size: int = 1,
                  master_address: Optional[str] = None, master_port: Optional[int] = None,
@@ -72,13 +75,18 @@ class BroadcastTransport(BucketTransport):
         self.clients: List[SGLangServerClient] = []
         self._pool: Optional[ThreadPoolExecutor] = None
         self._formation = 0
+        self.incarnation = secrets.token_hex(4)
+        """Random per transport object (per trainer process): a server that outlived a killed
+        trainer still holds that trainer's group, and SGLang refuses a second group of the same
+        name ("The specified group name has already been created")."""
 
     @property
     def group_name(self) -> str:
-        """``<group>[_pp<stage>][_<n>]``: the n-th re-formation gets a new name (an abandoned
-        group stays registered under the old one in this process)."""
+        """``<group>_<incarnation>[_pp<stage>][_<n>]``: the n-th re-formation gets a new name
+        (an abandoned group stays registered under the old one in this process)."""
         c = self.coordinator
-        name = self.base_group_name if c.num_stages == 1 else f"{self.base_group_name}_pp{c.stage}"
+        name = f"{self.base_group_name}_{self.incarnation}"
+        name = name if c.num_stages == 1 else f"{name}_pp{c.stage}"
         return name if self._formation == 0 else f"{name}_{self._formation}"
 
     @property
@@ -102,12 +110,42 @@ class BroadcastTransport(BucketTransport):
             self.group_name, self.backend)
         futures = [self._pool.submit(c.init_weights_update_group, payload(i))
                    for i, c in enumerate(self.clients)]
-        self.group = create_update_group(host, port, 0, self.world_size,
-                                         self.group_name, self.backend, self.timeout_s)
+        self.group = self._rendezvous(host, port, futures)
         for f in futures:
             f.result(timeout=self.timeout_s)
         log.info("weight broadcast group %s ready: %d servers, world %d (%s)", self.group_name,
                  len(self.clients), self.world_size, self.backend)
+
+    def _rendezvous(self, host: str, port: int, futures):
+        """Join the group as rank 0 while the servers join; a server that refuses (its
+        ``/init_weights_update_group`` answers first) fails the rendezvous at once with its
+        message instead of leaving rank 0 waiting in the store for ``timeout_s``."""
+        outcome = {}
+
+        def join():
+            try:
+                outcome["group"] = create_update_group(host, port, 0, self.world_size,
+                                                       self.group_name, self.backend,
+                                                       self.timeout_s)
+            except BaseException as exc:  # noqa: BLE001 - reported to the caller below
+                outcome["error"] = exc
+
+        # A daemon thread: an abandoned rendezvous must not keep the process alive at exit.
+        joiner = threading.Thread(target=join, name="weight-group-rendezvous", daemon=True)
+        joiner.start()
+        deadline = time.monotonic() + self.timeout_s
+        while joiner.is_alive():
+            failed = next((f for f in futures if f.done() and f.exception() is not None), None)
+            if failed is not None:
+                raise failed.exception()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"weight group {self.group_name}: servers "
+                                   f"{[c.address for c in self.clients]} did not join within "
+                                   f"{self.timeout_s}s")
+            joiner.join(timeout=0.05)
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["group"]
 
     def send_bucket(self, bucket: Bucket, weight_version: Optional[str] = None) -> None:
         """Post the metadata, broadcast the bytes; a server that refuses (it then receives

@@ -19,7 +19,7 @@ from __future__ import annotations
 import abc
 import logging
 import time
-from typing import Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence
 
 from gspo_megatron.rollout.types import NamedTensors, RolloutEngine, WeightSyncStats, WeightTransport
 from gspo_megatron.weight_sync.buckets import Bucket, iter_buckets
@@ -68,9 +68,28 @@ class BucketTransport(WeightTransport):
         self.engine = engine
         self.bucket_bytes = bucket_bytes
         self.coordinator: Coordinator = LocalCoordinator()
+        self._server_models: Dict[str, Optional[object]] = {}
+        """First member's address -> its ``ServerModel`` (None: not readable from here)."""
+
+    checks_server_model = False
+    """Senders check every bucket's names and shapes against the servers' checkpoint before it
+    leaves (server transports; ``weight_sync/server_model.py``)."""
 
     def connect(self, members: List[str]) -> None:
         """Called on senders when the servers to reach changed (and before the first update)."""
+
+    def check_bucket(self, bucket: Bucket, members: Optional[List[str]]) -> None:
+        """Raise ``PayloadMismatch`` before sending a weight the servers cannot take."""
+        if not self.checks_server_model or not members:
+            return
+        cache = self._server_models
+        if members[0] not in cache:
+            from gspo_megatron.rollout.sglang_client import SGLangServerClient
+            from gspo_megatron.weight_sync.server_model import ServerModel
+
+            cache[members[0]] = ServerModel.from_server(SGLangServerClient(members[0], 60.0, 60.0))
+        if cache[members[0]] is not None:
+            cache[members[0]].check(zip(bucket.names, bucket.shapes))
 
     @abc.abstractmethod
     def send_bucket(self, bucket: Bucket, weight_version: Optional[str] = None) -> None:
@@ -114,6 +133,7 @@ def run_update(engine: Optional[RolloutEngine], transport: Optional[BucketTransp
         t1 = time.perf_counter()
         for bucket in buckets:
             if coord.is_sender:
+                transport.check_bucket(bucket, members)
                 transport.send_bucket(bucket, weight_version)
                 stats.add_bucket(len(bucket.items), bucket.num_bytes)
         coord.barrier()

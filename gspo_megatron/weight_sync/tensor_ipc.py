@@ -85,6 +85,8 @@ def bucket_views(bucket: Bucket) -> Tuple[torch.Tensor, List[Tuple[str, torch.Te
 class CudaIpcTransport(BucketTransport):
     """``/update_weights_from_tensor`` with tensor handles, bucket by bucket, to every member."""
 
+    checks_server_model = True
+
     def __init__(self, engine, bucket_bytes: int, tp_size: int = 1,
                  serialize: Optional[Callable[[Sequence[Tuple[str, torch.Tensor]]], str]] = None,
                  timeout_s: float = 600.0, clients: Sequence = ()) -> None:

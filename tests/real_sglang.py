@@ -1,0 +1,117 @@
+"""The real SGLang 0.5.23 server on CPU, for tests: start one, wait for it, end it and its files.
+
+The server runs from its own virtualenv (``make sglang-venv``: sglang 0.5.23, the CUDA-only
+``sglang-kernel`` removed, our CPU ``sgl_kernel`` from ``sglang_cpu/``), with the command line
+our launcher builds for ``rollout.sglang.device=cpu`` (``rollout/sglang_launcher.py``). No skip:
+a server that does not start fails the test with the tail of its log.
+
+SGLang's launcher forks a scheduler and a detokenizer; the server starts in a session of its own
+so that teardown can end the whole group it started (by its PID) and nothing else. Each launch
+also leaves a ``/dev/shm/sglang_loads_*.shm`` file; the ones that appeared while this server ran
+are removed with it.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import requests
+
+from gspo_megatron.config.schema import SGLangConfig
+from gspo_megatron.distributed.runtime import free_port
+from gspo_megatron.rollout.sglang_launcher import sglang_server_command, sglang_server_env
+
+REPO = Path(__file__).resolve().parents[1]
+SGLANG_PYTHON = os.environ.get("GSPO_SGLANG_PYTHON", str(REPO / ".venv-sglang" / "bin" / "python"))
+START_TIMEOUT_S = 240.0
+SHM_PATTERN = "/dev/shm/sglang_loads_*"
+
+
+def cpu_server_config(port: int, **overrides) -> SGLangConfig:
+    """The fleet config of one real CPU server on ``port`` (what a user would write)."""
+    return SGLangConfig(port=port, device="cpu", python=SGLANG_PYTHON, max_total_tokens=4096,
+                        **overrides)
+
+
+class RealServer:
+    """One real SGLang server process group on ``127.0.0.1``."""
+
+    def __init__(self, model_path: str, log_path: Path, port: Optional[int] = None,
+                 extra_args: Optional[List[str]] = None) -> None:
+        if not os.path.exists(SGLANG_PYTHON):
+            raise AssertionError(f"{SGLANG_PYTHON} is missing: run `make sglang-venv` (the README's "
+                                 "test command does)")
+        self.port = port or free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.log_path = log_path
+        cfg = cpu_server_config(self.port)
+        self.command = sglang_server_command(cfg, model_path, 0, python=SGLANG_PYTHON) + \
+            list(extra_args or [])
+        self.env = dict(os.environ, **sglang_server_env(cfg), OMP_NUM_THREADS="1")
+        self._shm_before = set(glob.glob(SHM_PATTERN))
+        self.process: Optional[subprocess.Popen] = None
+
+    def start(self) -> "RealServer":
+        with open(self.log_path, "ab") as out:
+            self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
+                                            env=self.env, start_new_session=True, cwd=str(REPO))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"real SGLang server exited with {self.process.returncode} "
+                                     f"during start-up:\n{self.log_tail()}")
+            try:
+                if requests.get(f"http://{self.address}/health_generate", timeout=20).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise AssertionError(f"real SGLang server not healthy after {START_TIMEOUT_S}s:\n"
+                             f"{self.log_tail()}")
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, num_lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
+        except OSError as exc:
+            return f"(no log: {exc})"
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """End the server's process group (SIGTERM, then SIGKILL) and its shared-memory files."""
+        if self.process is not None:
+            pgid = self.process.pid  # start_new_session: the group is the server's own
+            for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+                try:
+                    os.killpg(pgid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.process.wait(timeout=wait_s)
+                except subprocess.TimeoutExpired:
+                    continue
+                if not _group_alive(pgid):
+                    break
+                time.sleep(0.5)
+            self.process = None
+        for path in set(glob.glob(SHM_PATTERN)) - self._shm_before:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False

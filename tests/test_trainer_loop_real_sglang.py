@@ -1,0 +1,84 @@
+"""The GSPO loop against the real SGLang 0.5.23 server on CPU, launched by the trainer itself.
+
+``rollout.engine=sglang rollout.sglang.device=cpu`` with the server virtualenv's interpreter
+(``make sglang-venv``): the trainer starts the server through our launcher (the CPU engine's
+flags, the checkpoint's own dtype), generates every rollout on it, sends the learner's weights
+after every update through a gloo broadcast group, and stops it at the end. With
+``algo.old_logprob_source=learner`` the learner recomputes every sample's log-probs, so
+``rollout/learner_vs_engine_abs_logp`` of every step says that the previous sync arrived
+(2 layers of fp32: ~1e-7 when it did, ~1e-1 when the server still had older weights).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gspo_megatron.distributed.runtime import free_port
+from tests.real_sglang import SGLANG_PYTHON
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    from gspo_megatron.tiny_task.assets import make_tiny_assets
+    from gspo_megatron.tiny_task.task import AdditionTaskConfig
+
+    out = tmp_path_factory.mktemp("tiny_assets")
+    return make_tiny_assets(out, task=AdditionTaskConfig(num_train=400, num_eval=16))
+
+
+def _train(assets, run_dir: Path, *extra: str) -> list:
+    from gspo_megatron.cli.train import main
+
+    overrides = [f"model.hf_path={assets.model_dir}", f"data.train_path={assets.train_path}",
+                 f"data.eval_path={assets.eval_path}", f"logging.run_dir={run_dir}",
+                 "logging.wandb.enabled=false", "batch.num_prompts_per_step=8",
+                 "rollout.n_samples_per_prompt=4", "batch.num_mini_batches=2",
+                 "trainer.num_sft_steps=20", "trainer.sft_batch_size=16",
+                 "trainer.eval_every_steps=0", "checkpoint.save_every_steps=0",
+                 "algo.old_logprob_source=learner", "rollout.engine=sglang",
+                 "rollout.mode=disaggregated", "rollout.sglang.device=cpu",
+                 f"rollout.sglang.python={SGLANG_PYTHON}", "rollout.sglang.max_total_tokens=4096",
+                 "rollout.sglang.health_timeout_s=240",
+                 "rollout.weight_sync.transport=nccl",
+                 "rollout.weight_sync.master_address=127.0.0.1", *extra]
+    assert main([str(REPO / "configs" / "tiny_cpu.yaml"), *overrides]) == 0
+    with open(run_dir / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+def _server_processes(port: int) -> list:
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "sglang.launch_server" in cmd and str(port) in cmd:
+            found.append(proc.pid)
+    return found
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["on_policy", "overlap_one_step"])
+def test_twenty_steps_against_the_real_server(assets, tmp_path, overlap):
+    port = free_port()
+    rows = _train(assets, tmp_path, "trainer.num_steps=20", f"rollout.sglang.port={port}",
+                  f"rollout.overlap_one_step={str(overlap).lower()}")
+    assert [r["step"] for r in rows] == list(range(21))
+    for row in rows[1:]:
+        assert 0.0 <= row["reward/mean"] <= 1.0
+        # every sample's engine log-probs equal the learner's recomputation: the weights of the
+        # update that generated it arrived on the real server (fp32 on both sides)
+        assert row["rollout/learner_vs_engine_abs_logp"] < 1e-5, row["step"]
+    synced = rows[2:] if overlap else rows[1:]
+    assert all(r["weight_sync/gb"] > 0 and r["weight_sync/num_servers"] == 1.0 for r in synced)
+    if overlap:
+        assert [r["rollout/policy_lag_steps"] for r in rows[2:]] == [1.0] * 19
+    logs = list(tmp_path.rglob("server_127.0.0.1_*.log"))
+    assert logs and "Load weight end" in logs[0].read_text()  # it was the real SGLang
+    assert _server_processes(port) == []  # the trainer stopped the server it started
