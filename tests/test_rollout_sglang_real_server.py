@@ -229,3 +229,82 @@ def test_a_new_trainer_recovers_a_server_left_mid_update_by_a_killed_one(server,
     finally:
         eng.shutdown()
     assert server.alive(), server.log_tail()
+
+
+# --- differential: the same requests to the real server and to the stand-in -----------------
+
+def _probe_both(real_address, ref_address, method, path, body=None):
+    import requests
+
+    out = []
+    for address in (real_address, ref_address):
+        resp = requests.request(method, f"http://{address}{path}", json=body, timeout=60)
+        try:
+            data = resp.json()
+        except ValueError:
+            data = resp.text
+        out.append((resp.status_code, data))
+    return out
+
+
+def _refused(status, data):
+    """SGLang refuses either with a 4xx or with ``success: false`` in a 200."""
+    return status >= 400 or (isinstance(data, dict) and data.get("success") is False)
+
+
+@pytest.fixture
+def stand_in(model_dir):
+    from gspo_megatron.rollout.embedded import EmbeddedEngine
+    from gspo_megatron.rollout.reference_server import ReferenceServer
+
+    srv = ReferenceServer(EmbeddedEngine.from_pretrained(str(model_dir)),
+                          model_path=str(model_dir)).start()
+    yield srv
+    srv.stop()
+
+
+def test_the_stand_in_answers_like_the_real_server(server, stand_in):
+    """Same requests, same response fields and shapes, same refusals (and SGLang's messages for
+    the session rules). Where the stand-in is stricter on purpose, docs/rollout.md says so."""
+    _, tok = build_tiny_policy(seed=0)
+    prompt = tok("abc")["input_ids"]
+    ok = api.generate_payload("d1", prompt, SamplingParams(max_new_tokens=5), None)
+    (rs, real), (ss, ref) = _probe_both(server.address, stand_in.address, "POST", api.GENERATE, ok)
+    assert rs == ss == 200
+    for body in (real, ref):
+        result = api.parse_generate_response(body)  # our parser takes both
+        assert len(result.token_ids) == len(result.logprobs) == 5 and result.finish_reason == "length"
+        entries = body["meta_info"]["output_token_logprobs"]
+        assert all(len(e) == 3 and e[2] is None for e in entries)  # [logprob, id, None]
+    used = {"id", "finish_reason", "weight_version", "completion_tokens", "prompt_tokens",
+            "output_token_logprobs", "e2e_latency"}
+    assert used <= set(real["meta_info"]) and used <= set(ref["meta_info"])
+    assert real["meta_info"]["prompt_tokens"] == ref["meta_info"]["prompt_tokens"] == len(prompt)
+
+    refusals = [
+        ("unknown sampling key", "POST", api.GENERATE,
+         dict(ok, sampling_params=dict(ok["sampling_params"], not_a_key=1))),
+        ("prompt as long as the context", "POST", api.GENERATE,
+         dict(ok, input_ids=[5] * 512)),
+        ("end without a session", "POST", api.END_UPDATE, {}),
+        ("tensor load outside a session", "POST", api.UPDATE_FROM_TENSOR,
+         {"serialized_named_tensors": [""], "load_format": None, "flush_cache": False}),
+    ]
+    for what, method, path, body in refusals:
+        (rs, real), (ss, ref) = _probe_both(server.address, stand_in.address, method, path, body)
+        assert _refused(rs, real) and _refused(ss, ref), (what, rs, real, ss, ref)
+        if path == api.END_UPDATE:
+            assert real["message"] == ref["message"], what
+
+    # the session rule, and its message
+    assert _probe_both(server.address, stand_in.address, "POST", api.BEGIN_UPDATE, {}) == \
+        [(200, {"success": True, "message": "Success"})] * 2
+    (rs, real), (ss, ref) = _probe_both(server.address, stand_in.address, "POST", api.BEGIN_UPDATE, {})
+    assert _refused(rs, real) and _refused(ss, ref) and real["message"] == ref["message"]
+    (rs, real), (ss, ref) = _probe_both(server.address, stand_in.address, "POST", api.END_UPDATE, {})
+    assert rs == ss == 200 and real["success"] and ref["success"]
+    for path in (api.FLUSH_CACHE, api.MODEL_INFO, api.SERVER_INFO):
+        method = "POST" if path == api.FLUSH_CACHE else "GET"
+        (rs, real), (ss, ref) = _probe_both(server.address, stand_in.address, method, path)
+        assert rs == ss == 200, (path, real, ref)
+    assert server.alive(), server.log_tail()
