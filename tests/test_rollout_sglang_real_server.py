@@ -308,3 +308,30 @@ def test_the_stand_in_answers_like_the_real_server(server, stand_in):
         (rs, real), (ss, ref) = _probe_both(server.address, stand_in.address, method, path)
         assert rs == ss == 200, (path, real, ref)
     assert server.alive(), server.log_tail()
+
+
+def test_a_server_killed_mid_batch_loses_no_sample(model_dir, server, tmp_path):
+    """Two real servers; one is SIGKILLed as soon as the batch's first samples come back. Every
+    requested sample still comes back exactly once (the dead server's in-flight ones retried on
+    the other), and the dead server leaves the rotation."""
+    second = RealServer(str(model_dir), tmp_path / "second.log").start()
+    eng = SGLangEngine.attach([server.address, second.address], request_timeout_s=60,
+                              health_timeout_s=60, max_retries=2)
+    try:
+        _, tok = build_tiny_policy(seed=0)
+        requests_ = [GenerationRequest(f"q{i}", tok(t)["input_ids"], n=16)
+                     for i, t in enumerate(PROMPTS * 2)]
+        seen = []
+        for sample in eng.generate_iter(requests_, SamplingParams(max_new_tokens=200, seed=5)):
+            seen.append((sample.prompt_id, sample.sample_index))
+            if len(seen) == 4:
+                second.stop(grace_s=0.0)  # SIGTERM then SIGKILL of its whole process group
+        expected = sorted((r.prompt_id, j) for r in requests_ for j in range(r.n))
+        assert sorted(seen) == expected and len(set(seen)) == len(seen)
+        assert second.address in eng.pool.dead
+        assert eng._num_retries >= 1  # the dead server's requests were retried (generate_iter
+        # leaves metrics to generate(); its counter is the one it keeps)
+    finally:
+        eng.shutdown()
+        second.stop()
+    assert server.alive(), server.log_tail()

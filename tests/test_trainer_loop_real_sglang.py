@@ -12,12 +12,17 @@ after every update through a gloo broadcast group, and stops it at the end. With
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from gspo_megatron.distributed.runtime import free_port
-from tests.real_sglang import SGLANG_PYTHON
+from tests.real_sglang import SGLANG_PYTHON, RealServer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,10 +38,8 @@ def assets(tmp_path_factory):
     return make_tiny_assets(out, task=AdditionTaskConfig(num_train=400, num_eval=16))
 
 
-def _train(assets, run_dir: Path, *extra: str) -> list:
-    from gspo_megatron.cli.train import main
-
-    overrides = [f"model.hf_path={assets.model_dir}", f"data.train_path={assets.train_path}",
+def _overrides(assets, run_dir: Path, *extra: str) -> list:
+    return [f"model.hf_path={assets.model_dir}", f"data.train_path={assets.train_path}",
                  f"data.eval_path={assets.eval_path}", f"logging.run_dir={run_dir}",
                  "logging.wandb.enabled=false", "batch.num_prompts_per_step=8",
                  "rollout.n_samples_per_prompt=4", "batch.num_mini_batches=2",
@@ -48,9 +51,18 @@ def _train(assets, run_dir: Path, *extra: str) -> list:
                  "rollout.sglang.health_timeout_s=240",
                  "rollout.weight_sync.transport=nccl",
                  "rollout.weight_sync.master_address=127.0.0.1", *extra]
-    assert main([str(REPO / "configs" / "tiny_cpu.yaml"), *overrides]) == 0
+
+
+def _rows(run_dir: Path) -> list:
     with open(run_dir / "metrics.jsonl") as f:
         return [json.loads(line) for line in f]
+
+
+def _train(assets, run_dir: Path, *extra: str) -> list:
+    from gspo_megatron.cli.train import main
+
+    assert main([str(REPO / "configs" / "tiny_cpu.yaml"), *_overrides(assets, run_dir, *extra)]) == 0
+    return _rows(run_dir)
 
 
 def _server_processes(port: int) -> list:
@@ -82,3 +94,43 @@ def test_twenty_steps_against_the_real_server(assets, tmp_path, overlap):
     logs = list(tmp_path.rglob("server_127.0.0.1_*.log"))
     assert logs and "Load weight end" in logs[0].read_text()  # it was the real SGLang
     assert _server_processes(port) == []  # the trainer stopped the server it started
+
+
+def test_a_run_killed_mid_rollout_resumes_against_the_same_live_server(assets, tmp_path):
+    """Issue 28 item 8: ``kill -9`` of the trainer while it uses an external server (started
+    here, as a user would), then ``--resume`` against that same server, which the dead trainer
+    may have left paused, inside a session and holding its broadcast group: the resumed run
+    recovers it, syncs its checkpoint's weights and finishes, every step's samples coming from
+    the weights it sent (learner vs engine log-probs)."""
+    server = RealServer(str(assets.model_dir), tmp_path / "server.log").start()
+    run_dir = tmp_path / "run"
+    flags = [f"rollout.sglang.server_addresses=[{server.address}]", "trainer.num_steps=8",
+             "checkpoint.save_every_steps=2"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    command = [sys.executable, "-m", "gspo_megatron.cli.train", str(REPO / "configs" / "tiny_cpu.yaml"),
+               *_overrides(assets, run_dir, *flags)]
+    log_path = tmp_path / "train.log"
+    try:
+        with open(log_path, "ab") as log:
+            victim = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log)
+        deadline = time.monotonic() + 600
+        checkpoint = run_dir / "checkpoints" / "step_000002" / "gspo_meta.json"
+        while not checkpoint.exists():
+            assert victim.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint of step 2 appeared"
+            time.sleep(0.1)
+        time.sleep(0.3)  # into step 3: its rollout, update or sync
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=60)
+        assert server.alive(), server.log_tail()
+        with open(log_path, "ab") as log:
+            resumed = subprocess.run([*command, "--resume"], env=env, stdout=subprocess.DEVNULL,
+                                     stderr=log, timeout=600)
+        assert resumed.returncode == 0, log_path.read_text()[-3000:]
+        rows = _rows(run_dir)
+        assert [r["step"] for r in rows][-1] == 8
+        after = [r for r in rows if r["step"] >= 3]
+        assert after and all(r["rollout/learner_vs_engine_abs_logp"] < 1e-5 for r in after)
+        assert server.alive(), server.log_tail()
+    finally:
+        server.stop()
