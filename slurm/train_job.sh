@@ -61,6 +61,8 @@ gspo_launch_plan() {
     --out-sh "${GSPO_PLAN_DIR}/launch_plan.r${GSPO_RESTART}.sh" --out-json "$GSPO_LAUNCH_PLAN")
   if [[ $GSPO_PROFILE == gpu && -n ${SLURM_GPUS_ON_NODE:-} ]]; then args+=(--devices-on-node "$SLURM_GPUS_ON_NODE"); fi
   if [[ -n ${GSPO_RDZV_PORT:-} ]]; then args+=(--rdzv-port "$GSPO_RDZV_PORT"); fi
+  # the servers' keys (a 0600 file in the run directory; its path is all a command line shows)
+  if ! ((${GSPO_DRY_RUN:-0})); then args+=(--make-keys); fi
   cmd=("$GSPO_PYTHON" -m gspo_megatron.launch "${args[@]}" -- "$@" "${derived[@]}")
   gspo_container_args
   if ((${#GSPO_CONTAINER_ARGS[@]})); then

@@ -43,7 +43,7 @@ class RealServer:
     """One real SGLang server process group on ``127.0.0.1``."""
 
     def __init__(self, model_path: str, log_path: Path, port: Optional[int] = None,
-                 extra_args: Optional[List[str]] = None) -> None:
+                 extra_args: Optional[List[str]] = None, key_file: Optional[str] = None) -> None:
         if not os.path.exists(SGLANG_PYTHON):
             raise AssertionError(f"{SGLANG_PYTHON} is missing: run `make sglang-venv` (the README's "
                                  "test command does)")
@@ -51,8 +51,8 @@ class RealServer:
         self.address = f"127.0.0.1:{self.port}"
         self.log_path = log_path
         cfg = cpu_server_config(self.port)
-        self.command = sglang_server_command(cfg, model_path, 0, python=SGLANG_PYTHON) + \
-            list(extra_args or [])
+        self.command = sglang_server_command(cfg, model_path, 0, python=SGLANG_PYTHON,
+                                             key_file=key_file) + list(extra_args or [])
         self.env = dict(os.environ, **sglang_server_env(cfg), OMP_NUM_THREADS="1")
         self._shm_before = set(glob.glob(SHM_PATTERN))
         self.process: Optional[subprocess.Popen] = None

@@ -7,6 +7,8 @@ tests/test_slurm_scripts.py; here the plan itself, without bash or Slurm.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -73,15 +75,23 @@ def test_four_node_plan_places_learners_and_servers():
     assert [s.address for s in plan.servers] == ["10.0.0.3:30000", "10.0.0.3:30001", "10.0.0.4:30000", "10.0.0.4:30001"]
     server = plan.servers[1]
     assert (server.node, server.local_id, server.devices) == ("n3", 1, [4, 5, 6, 7])
-    assert server.argv[:3] == ["/usr/bin/python3", "-m", "sglang.launch_server"]
+    # the keyed launcher reads the job's keys from a file in the run directory: only its path
+    # is on the line (docs/cluster.md, "Who can reach the job's servers")
+    key_file = os.path.join(cfg.logging.run_dir if os.path.isabs(cfg.logging.run_dir) else
+                            os.path.join("/src/gspo", cfg.logging.run_dir),
+                            "secrets", "rollout_server_keys.json")
+    assert server.argv[:3] == ["/usr/bin/python3", "/src/gspo/gspo_megatron/rollout/sglang_keyed_launch.py",
+                               key_file]
     flags = dict(zip(server.argv[3::2], server.argv[4::2]))
     assert flags["--tp-size"] == "4" and flags["--port"] == "30001" and flags["--base-gpu-id"] == "4"
+    assert flags["--host"] == "10.0.0.3"  # its node's address, not every interface
     assert "--enable-memory-saver" not in server.argv  # only colocated servers release memory
     assert plan.learner_argv[:9] == [
         "/usr/bin/python3", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=8",
         "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29509", "--rdzv-id=9-r0", "--max-restarts=0"]
-    assert plan.learner_argv[-2:] == ["launch.num_nodes=4", "rollout.sglang.server_addresses=[10.0.0.3:30000,"
-                                      "10.0.0.3:30001,10.0.0.4:30000,10.0.0.4:30001]"]
+    assert plan.learner_argv[-3:] == ["launch.num_nodes=4", "rollout.sglang.server_addresses=[10.0.0.3:30000,"
+                                      "10.0.0.3:30001,10.0.0.4:30000,10.0.0.4:30001]",
+                                      f"rollout.sglang.key_file={key_file}"]
     assert plan.rollout_srun == ["--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "--cpus-per-task=48",
                                  "--nodelist=n3,n4"]
     assert plan.update_group_size(cfg) == 17 and plan.learner_world_size == 16
@@ -115,12 +125,29 @@ def test_cli_writes_a_plan_bash_can_source(tmp_path):
                                      "--job-id", "9", "--", "trainer.num_steps=3")
     assert code == 0
     shown = subprocess.run(["bash", "-c", f'source {out_sh}; echo "${{GSPO_ROLLOUT_SRUN[*]}}|'
-                            '${GSPO_LEARNER_ARGV[-1]}|${#GSPO_HEALTH_URLS[@]}|$GSPO_HEALTH_TIMEOUT_S"'],
+                            '${GSPO_LEARNER_ARGV[-2]}|${#GSPO_HEALTH_URLS[@]}|$GSPO_HEALTH_TIMEOUT_S"'],
                            capture_output=True, text=True, check=True).stdout.strip()
     assert shown == ("--nodes=2 --ntasks=4 --ntasks-per-node=2 --cpus-per-task=1 --nodelist=n3,n4|"
                      "rollout.sglang.server_addresses=[n3:30000,n3:30001,n4:30000,n4:30001]|4|900")
     record = json.loads(out_json.read_text())
     assert record["servers"][3]["address"] == "n4:30001" and "trainer.num_steps=3" in record["learner_argv"]
+
+
+def test_cli_makes_the_servers_keys_only_when_asked_and_shows_only_their_path(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ("--config", PROD, "--nodelist", "n[1-4]", "--python", "py", "--", f"logging.run_dir={run_dir}")
+    code, _, _ = run_cli(tmp_path, *args)  # what a dry run does: no secret is made
+    key_file = run_dir / "secrets" / "rollout_server_keys.json"
+    assert code == 0 and not key_file.exists()
+    code, out_sh, out_json = run_cli(tmp_path, "--make-keys", *args)
+    assert code == 0 and stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    keys = json.loads(key_file.read_text())
+    for text in (out_sh.read_text(), out_json.read_text()):
+        assert str(key_file) in text
+        assert keys["api_key"] not in text and keys["admin_api_key"] not in text
+    assert run_cli(tmp_path, "--make-keys", *args)[0] == 0 and json.loads(key_file.read_text()) == keys
+    key_file.chmod(0o640)  # readable by the group: refused, naming the file
+    assert run_cli(tmp_path, "--make-keys", *args)[0] == 2
 
 
 def test_cli_fills_in_the_world_size_the_config_leaves_open(tmp_path):
@@ -131,7 +158,8 @@ def test_cli_fills_in_the_world_size_the_config_leaves_open(tmp_path):
     assert code == 0
     argv = json.loads(out_json.read_text())["learner_argv"]
     assert "parallel.world_size=1" in argv and "--nproc-per-node=1" in argv
-    assert argv[-1] == "rollout.sglang.server_addresses=[node2:30000]"
+    assert argv[-2] == "rollout.sglang.server_addresses=[node2:30000]"
+    assert argv[-1].startswith("rollout.sglang.key_file=")
 
 
 @pytest.mark.parametrize("args, message", [

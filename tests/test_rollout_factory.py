@@ -53,7 +53,7 @@ def test_rollout_package_never_imports_megatron():
 def test_reference_fleet_is_launched_with_the_memory_saver_in_colocated_mode(monkeypatch):
     seen = {}
 
-    def from_config(cfg, model_path, log_dir, enable_memory_saver, launch):
+    def from_config(cfg, model_path, log_dir, enable_memory_saver, launch, key_file=None):
         seen.update(saver=enable_memory_saver, launch=launch.__name__)
         return "engine"
 

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -270,7 +271,17 @@ def test_pipeline_chain_runs_in_order_with_learner_and_server_on_two_nodes(slurm
     assert {r["node"] for r in requests} == {"node2"} and requests[0]["path"] == "/health"
     assert [r["path"] for r in requests if r["path"].startswith("/sync")] == [
         f"/sync?step={i}" for i in range(num_steps)]
-    assert requests[0]["model"] == str(hf_dir) and requests[0]["host"] == "0.0.0.0"
+    # the server binds its node's address (NodeAddr), not every interface (docs/cluster.md)
+    assert requests[0]["model"] == str(hf_dir) and requests[0]["host"] == "127.0.0.1"
+    # the job's server keys: made by the planner step, 0600, in no plan or log (issue 33)
+    key_file = run_dir / "secrets" / "rollout_server_keys.json"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert start["overrides"]["rollout.sglang.key_file"] == str(key_file)
+    keys = json.loads(key_file.read_text())
+    for path in [Path(start["plan"]), *(run_dir / "logs").rglob("*")]:
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            assert keys["api_key"] not in text and keys["admin_api_key"] not in text, path
     train_log = batch_log(run_dir, jobs["train"]["job_id"])
     assert "learner nodes node1; rollout nodes node2" in train_log and "job done" in train_log
 

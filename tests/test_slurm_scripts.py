@@ -342,10 +342,10 @@ logging.run_dir=/runs/r9
 # servers: 4 on n3, n4, 2 per node
 # weight-update group: learner rank 0 + 4 server(s) x 4 TP worker(s) = 17 ranks, at rank 0's own address
 # the rollout servers, one task each:
-#   n3 task 0 (devices 0-3): {server} --port 30000 {fleet} --base-gpu-id 0
-#   n3 task 1 (devices 4-7): {server} --port 30001 {fleet} --base-gpu-id 4
-#   n4 task 0 (devices 0-3): {server} --port 30000 {fleet} --base-gpu-id 0
-#   n4 task 1 (devices 4-7): {server} --port 30001 {fleet} --base-gpu-id 4
+#   n3 task 0 (devices 0-3): {server} 10.0.0.3 --port 30000 {fleet} --base-gpu-id 0
+#   n3 task 1 (devices 4-7): {server} 10.0.0.3 --port 30001 {fleet} --base-gpu-id 4
+#   n4 task 0 (devices 0-3): {server} 10.0.0.4 --port 30000 {fleet} --base-gpu-id 0
+#   n4 task 1 (devices 4-7): {server} 10.0.0.4 --port 30001 {fleet} --base-gpu-id 4
 srun --overlap --kill-on-bad-exit=1 --job-name=rollout --output=/runs/r9/logs/9/rollout.r0.log {container} \
 --nodes=2 --ntasks=4 --ntasks-per-node=2 --cpus-per-task=48 --nodelist=n3,n4 bash {repo}/slurm/rollout_server.sh
 # then wait up to 900s for: http://10.0.0.3:30000/health http://10.0.0.3:30001/health \
@@ -356,7 +356,8 @@ srun --overlap --kill-on-bad-exit=1 --job-name=learner --output=/runs/r9/logs/9/
 gspo-learner {py} -m torch.distributed.run --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d \
 --rdzv-endpoint=10.0.0.1:29509 --rdzv-id=9-r0 --max-restarts=0 -m gspo_megatron.cli.train \
 configs/qwen3_30b_a3b_gspo.yaml trainer.num_steps=3 logging.run_dir=/runs/r9 launch.num_nodes=4 \
-'rollout.sglang.server_addresses=[10.0.0.3:30000,10.0.0.3:30001,10.0.0.4:30000,10.0.0.4:30001]'
+'rollout.sglang.server_addresses=[10.0.0.3:30000,10.0.0.3:30001,10.0.0.4:30000,10.0.0.4:30001]' \
+rollout.sglang.key_file=/runs/r9/secrets/rollout_server_keys.json
 """
 
 
@@ -370,7 +371,9 @@ def test_dry_run_of_the_four_node_job_prints_every_step_line_by_line(tmp_path):
     mounts = f"{REPO}:{REPO},/runs/r9:/runs/r9,/models/Qwen3-30B-A3B:/models/Qwen3-30B-A3B,/data/math:/data/math"
     expected = DRY_RUN_4_NODES.format(
         py=sys.executable, repo=REPO, plan=plan_dir,
-        server=f"{sys.executable} -m sglang.launch_server --model-path /models/Qwen3-30B-A3B --host 0.0.0.0",
+        # the servers read the job's keys from a file (only its path shows) and bind their node
+        server=f"{sys.executable} {REPO}/gspo_megatron/rollout/sglang_keyed_launch.py "
+               "/runs/r9/secrets/rollout_server_keys.json --model-path /models/Qwen3-30B-A3B --host",
         fleet="--tp-size 4 --dp-size 1 --ep-size 1 --mem-fraction-static 0.8",
         container=f"--container-image=/img/gspo.sqsh --container-name=gspo --container-workdir={REPO} "
                   f"--container-mounts={mounts}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -94,6 +95,16 @@ def test_twenty_steps_against_the_real_server(assets, tmp_path, overlap):
     logs = list(tmp_path.rglob("server_127.0.0.1_*.log"))
     assert logs and "Load weight end" in logs[0].read_text()  # it was the real SGLang
     assert _server_processes(port) == []  # the trainer stopped the server it started
+    # the server ran with the job's keys (issue 33): made in the run directory, mode 0600, and
+    # in no file the run wrote besides that one (logs, config, metrics, checkpoints)
+    key_file = tmp_path / "secrets" / "rollout_server_keys.json"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    keys = json.loads(key_file.read_text())
+    assert "'api_key': '<redacted>'" in logs[0].read_text()  # set, and redacted in SGLang's log
+    for path in tmp_path.rglob("*"):
+        if path.is_file() and path != key_file and path.stat().st_size < 50_000_000:
+            data = path.read_bytes()
+            assert keys["api_key"].encode() not in data and keys["admin_api_key"].encode() not in data, path
 
 
 def test_a_run_killed_mid_rollout_resumes_against_the_same_live_server(assets, tmp_path):

@@ -258,6 +258,11 @@ class SGLangConfig:
     SGLang's ``auto`` serves a float32 checkpoint in float16 (``srt/configs/model_config.py``;
     on the tiny model its log-probs then differ from the learner's by ~1e-4 instead of ~1e-7).
     ``auto`` leaves the choice to SGLang."""
+    key_file: Optional[str] = None
+    """JSON file of the servers' bearer keys (``rollout/server_keys.py``, mode 0600); None:
+    ``<run_dir>/secrets/rollout_server_keys.json``. Servers the trainer (or the Slurm launch
+    plan) starts get fresh keys made there and require them; for servers given in
+    ``server_addresses`` the keys are read from it when it exists (else none are sent)."""
     max_total_tokens: Optional[int] = None
     """``--max-total-tokens`` of each server (KV-cache size in tokens); None: SGLang sizes it
     from ``mem_fraction_static`` (on CPU: of the host's memory, so set it there)."""

@@ -27,7 +27,9 @@ from gspo_megatron.config.allocation import node_roles
 from gspo_megatron.planner.fit_check import load_fitting_config
 from gspo_megatron.launch.hostlist import expand_hostlist
 from gspo_megatron.launch.mounts import mounts_spec, parse_user_mounts
-from gspo_megatron.launch.plan import JobSettings, LaunchPlan, Node, bash_array, build_plan
+from gspo_megatron.launch.plan import (JobSettings, LaunchPlan, Node, bash_array, build_plan,
+                                      server_key_file)
+from gspo_megatron.rollout.server_keys import KeyFileError, ensure_keys
 
 
 def parse_nodes(pairs: Sequence[str], nodelist: Optional[str]) -> List[Node]:
@@ -122,6 +124,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--rollout-entry", default="", help="replaces '-m <server module>'")
     p.add_argument("--sglang-extra-args", default="")
     p.add_argument("--user-mounts", default="", help="GSPO_CONTAINER_MOUNTS")
+    p.add_argument("--make-keys", action="store_true",
+                   help="make the servers' key file (rollout.sglang.key_file) if missing (not in a dry run)")
     p.add_argument("--out-sh", type=Path)
     p.add_argument("--out-json", type=Path)
     p.add_argument("overrides", nargs="*")
@@ -140,7 +144,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                           sglang_extra_args=shlex.split(args.sglang_extra_args), rdzv_port=args.rdzv_port,
                           user_mounts=parse_user_mounts(args.user_mounts))
         plan = build_plan(cfg, nodes, job, overrides)
-    except (ConfigError, ValueError) as exc:
+        if args.make_keys and plan.servers:
+            ensure_keys(server_key_file(cfg, job))
+    except (ConfigError, ValueError, KeyFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.out_sh:

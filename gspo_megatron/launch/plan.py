@@ -21,7 +21,9 @@ from typing import Dict, List, Optional, Sequence
 
 from gspo_megatron.config.allocation import NodeRoles, devices_per_server, node_roles, runs_servers
 from gspo_megatron.launch.mounts import Mount, absolute_path, container_mounts
-from gspo_megatron.rollout.sglang_launcher import reference_server_command, sglang_server_command
+from gspo_megatron.rollout.server_keys import key_file_path
+from gspo_megatron.rollout.sglang_launcher import (keyed_launch_path, reference_server_command,
+                                                   sglang_server_command)
 
 # Flags the config owns; GSPO_SGLANG_EXTRA_ARGS may not set them (a second source of the fleet).
 CONFIG_OWNED_SGLANG_FLAGS = ("--model-path", "--tp-size", "--dp-size", "--ep-size", "--port",
@@ -121,22 +123,38 @@ def _with_entry(argv: List[str], entry: Optional[Sequence[str]]) -> List[str]:
     return [argv[0], *entry, *argv[3:]]
 
 
+def server_key_file(cfg, job: JobSettings) -> str:
+    """Absolute path of the job's server keys (``rollout.sglang.key_file`` or the run
+    directory's ``secrets/``): the only trace of them in any command line."""
+    return absolute_path(key_file_path(cfg.rollout.sglang.key_file, cfg.logging.run_dir), job.repo)
+
+
 def server_tasks(cfg, rollout_nodes: Sequence[Node], roles: NodeRoles, job: JobSettings,
                  model_path: str) -> List[ServerTask]:
-    """Every server of the fleet, node by node, with its full command line."""
+    """Every server of the fleet, node by node, with its full command line.
+
+    A server binds its node's address, the one the learners reach it at (``Node.addr``), not
+    ``0.0.0.0``: nothing else on the node needs it. It requires the job's keys, read from
+    :func:`server_key_file` inside the process (stand-in entries, ``GSPO_ROLLOUT_ENTRY``, are
+    not SGLang and get no keys)."""
     s = cfg.rollout.sglang
+    key_file = server_key_file(cfg, job)
+    keyed_launch = keyed_launch_path(job.repo)
     per_server = devices_per_server(s) if cfg.rollout.engine == "sglang" else 1
     tasks = []
     for node in rollout_nodes:
         for i in range(roles.servers_per_node):
             if cfg.rollout.engine == "sglang":
                 argv = sglang_server_command(
-                    s, model_path, i, host="0.0.0.0", python=job.python,
+                    s, model_path, i, host=node.addr, python=job.python,
                     enable_memory_saver=cfg.rollout.mode == "colocated",
-                    deterministic=s.deterministic_inference) + list(job.sglang_extra_args)
+                    deterministic=s.deterministic_inference,
+                    key_file=None if job.rollout_entry else key_file,
+                    keyed_launch=keyed_launch) + list(job.sglang_extra_args)
             else:
-                argv = reference_server_command(model_path, s.port + i, host="0.0.0.0", python=job.python,
-                                                enable_memory_saver=cfg.rollout.mode == "colocated")
+                argv = reference_server_command(model_path, s.port + i, host=node.addr, python=job.python,
+                                                enable_memory_saver=cfg.rollout.mode == "colocated",
+                                                key_file=None if job.rollout_entry else key_file)
             devices = list(range(i * per_server, (i + 1) * per_server))
             tasks.append(ServerTask(node.name, i, f"{node.addr}:{s.port + i}", devices,
                                     _with_entry(argv, job.rollout_entry)))
@@ -160,6 +178,7 @@ def build_plan(cfg, nodes: Sequence[Node], job: JobSettings,
     trainer_overrides = list(overrides)
     if servers:
         trainer_overrides.append(f"rollout.sglang.server_addresses=[{','.join(s.address for s in servers)}]")
+        trainer_overrides.append(f"rollout.sglang.key_file={server_key_file(cfg, job)}")
     port = job.rdzv_port or 29500 + int(job.job_id) % 1000
     learner_argv = [job.python, "-m", "torch.distributed.run", f"--nnodes={len(learners)}",
                     f"--nproc-per-node={roles.learner_procs_per_node}", "--rdzv-backend=c10d",

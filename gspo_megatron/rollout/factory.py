@@ -13,18 +13,24 @@ Attaching, launching, waiting for health and checking the SGLang version are
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 from gspo_megatron.rollout.embedded import EmbeddedEngine
 from gspo_megatron.rollout.embedded_process import EmbeddedProcessEngine
+from gspo_megatron.rollout.server_keys import ensure_keys, read_keys, use_keys
 from gspo_megatron.rollout.sglang_engine import SGLangEngine
 from gspo_megatron.rollout.sglang_launcher import launch_reference_fleet, launch_sglang_fleet
 from gspo_megatron.rollout.types import RolloutEngine
 
 
 def build_engine(cfg, model_path: Optional[str] = None, model=None, tokenizer=None,
-                 log_dir: Optional[str] = None) -> RolloutEngine:
-    """An engine for ``cfg`` (a ``RolloutConfig``); the caller owns ``shutdown()``."""
+                 log_dir: Optional[str] = None, key_file: Optional[str] = None) -> RolloutEngine:
+    """An engine for ``cfg`` (a ``RolloutConfig``); the caller owns ``shutdown()``.
+
+    ``key_file`` (server engines): servers launched here get the keys in it (made when it does
+    not exist); attached servers get them when it exists. Every client of this process then
+    sends them (``server_keys.use_keys``)."""
     if cfg.engine == "embedded":
         size = cfg.embedded_max_batch_size
         if model is not None:
@@ -40,6 +46,13 @@ def build_engine(cfg, model_path: Optional[str] = None, model=None, tokenizer=No
             raise ValueError(f"rollout.engine={cfg.engine} launches servers from model.hf_path; "
                              "set it or rollout.sglang.server_addresses")
         launch = launch_sglang_fleet if cfg.engine == "sglang" else launch_reference_fleet
+        keys = None
+        if key_file and not cfg.sglang.server_addresses:
+            keys = ensure_keys(key_file)
+        elif key_file and os.path.exists(key_file):
+            keys = read_keys(key_file)
+        use_keys(keys)
         return SGLangEngine.from_config(cfg.sglang, model_path, log_dir,
-                                        enable_memory_saver=cfg.mode == "colocated", launch=launch)
+                                        enable_memory_saver=cfg.mode == "colocated", launch=launch,
+                                        key_file=key_file if keys is not None else None)
     raise ValueError(f"rollout.engine={cfg.engine!r} is not one of embedded, sglang, reference")

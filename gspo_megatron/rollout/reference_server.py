@@ -27,6 +27,7 @@ arrival) answers 500, sleeps, kills the process before answering, or hangs.
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
 from gspo_megatron.rollout import sglang_api as api
+from gspo_megatron.rollout.server_keys import ServerKeys, read_keys
 from gspo_megatron.rollout.embedded import EmbeddedEngine, GeneratedRow
 from gspo_megatron.rollout.reference_requests import ContractError, RequestError, parse_generate
 from gspo_megatron.rollout.reference_scheduler import Job, ReferenceScheduler, Refused
@@ -89,8 +91,12 @@ class ReferenceServer:
                  faults: Optional[FaultPlan] = None, max_batch_size: int = 64,
                  model_path: str = "", enable_memory_saver: bool = False,
                  context_length: Optional[int] = None, health_timeout_s: float = 20.0,
-                 update_idle_timeout_s: float = 600.0, request_log_path: Optional[str] = None) -> None:
+                 update_idle_timeout_s: float = 600.0, request_log_path: Optional[str] = None,
+                 keys: Optional[ServerKeys] = None) -> None:
         self.engine = engine
+        self.keys = keys
+        """With keys, SGLang's levels (``srt/utils/auth.py``): the admin key on the management
+        endpoints, the ordinary key elsewhere, none on ``/health*`` (``server_keys.for_path``)."""
         self.faults = faults or FaultPlan()
         self.model_path = model_path
         self.enable_memory_saver = enable_memory_saver
@@ -279,6 +285,18 @@ class ReferenceServer:
             return self.handle_memory(path, body)
         return self.weights.route(path, body)
 
+    def authorize(self, path: str, header: Optional[str]) -> Optional[Tuple[int, Any]]:
+        """None when the request may proceed, else SGLang's 401 answer."""
+        if self.keys is None:
+            return None
+        expected = self.keys.for_path(path)
+        if expected is None:
+            return None
+        scheme, _, token = (header or "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), expected.encode()):
+            return None
+        return 401, {"error": "Unauthorized"}
+
     def _handler_class(self):
         server = self
 
@@ -300,7 +318,8 @@ class ReferenceServer:
                 except json.JSONDecodeError as exc:
                     answer = (400, {"error": {"message": f"invalid JSON: {exc}"}})
                 else:
-                    answer = server.route(method, self.path.split("?")[0], body, self._client_gone)
+                    answer = (server.authorize(self.path, self.headers.get("Authorization")) or
+                              server.route(method, self.path.split("?")[0], body, self._client_gone))
                 if answer is None:  # the client is gone: nothing to write
                     self.close_connection = True
                     return
@@ -348,6 +367,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--hang-requests", type=_int_set, default=frozenset())
     p.add_argument("--exit-on-request", type=int, default=None)
     p.add_argument("--delay-s", type=float, default=0.0)
+    p.add_argument("--key-file", default=None,
+                   help="JSON {api_key, admin_api_key} (mode 0600): require SGLang's bearer keys")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -360,7 +381,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                        exit_on_request=args.exit_on_request, delay_s=args.delay_s)
     server = ReferenceServer(engine, args.host, args.port, faults, args.max_batch_size,
                              model_path=args.model_path, enable_memory_saver=args.enable_memory_saver,
-                             context_length=args.context_length, request_log_path=args.request_log)
+                             context_length=args.context_length, request_log_path=args.request_log,
+                             keys=read_keys(args.key_file) if args.key_file else None)
     log.info("reference server for %s listening on %s", args.model_path, server.address)
     try:
         server.serve_forever()

@@ -16,7 +16,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import requests
 
+from gspo_megatron.rollout import server_keys
 from gspo_megatron.rollout import sglang_api as api
+from gspo_megatron.rollout.server_keys import ServerKeys
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,23 @@ class ServerUnavailable(RuntimeError):
         """The server may still be working on the request (the client gave up waiting)."""
 
 
+class ServerAuthError(api.ServerRefused):
+    """401 / 403: this job's key is missing or wrong for that server. Never retried: another
+    attempt would carry the same key."""
+
+    def __init__(self, server: str, endpoint: str, status: int, sent_key: bool) -> None:
+        why = ("the key sent is wrong (the server was started with other keys)" if sent_key else
+               "no key was sent, and the server requires one")
+        super().__init__(server, endpoint, f"HTTP {status}: {why}; the job's keys are in "
+                         "rollout.sglang.key_file (default <run_dir>/secrets/"
+                         f"{server_keys.KEY_FILE_NAME})")
+        self.status = status
+
+
+_PROCESS_KEYS: Any = object()
+"""Default of ``keys``: this process's keys (``server_keys.use_keys``)."""
+
+
 def _json_or_text(resp: requests.Response) -> Any:
     try:
         return resp.json()
@@ -40,7 +59,8 @@ def _json_or_text(resp: requests.Response) -> Any:
 class SGLangServerClient:
     """Calls on ``http://host:port`` with a per-call timeout."""
 
-    def __init__(self, address: str, timeout_s: float = 600.0, control_timeout_s: float = 600.0) -> None:
+    def __init__(self, address: str, timeout_s: float = 600.0, control_timeout_s: float = 600.0,
+                 keys: Optional[ServerKeys] = _PROCESS_KEYS) -> None:
         if "://" in address:
             address = address.split("://", 1)[1]
         if ":" not in address:
@@ -49,6 +69,8 @@ class SGLangServerClient:
         self.base_url = f"http://{self.address}"
         self.timeout_s = timeout_s
         self.control_timeout_s = control_timeout_s
+        self.keys = server_keys.process_keys() if keys is _PROCESS_KEYS else keys
+        """Bearer tokens sent on every call (``rollout/server_keys.py``); None sends none."""
         self._local = threading.local()
 
     def _session(self) -> requests.Session:
@@ -59,13 +81,17 @@ class SGLangServerClient:
 
     def request(self, method: str, path: str, body: Optional[Dict[str, Any]] = None,
                 timeout_s: Optional[float] = None) -> requests.Response:
+        token = self.keys.for_path(path) if self.keys is not None else None
+        headers = {"Authorization": f"Bearer {token}"} if token else None
         try:
             resp = self._session().request(method, self.base_url + path, json=body,
-                                           timeout=timeout_s or self.timeout_s)
+                                           timeout=timeout_s or self.timeout_s, headers=headers)
         except requests.Timeout as exc:
             raise ServerUnavailable(f"{self.address}{path}: timed out: {exc}", timed_out=True) from exc
         except requests.ConnectionError as exc:
             raise ServerUnavailable(f"{self.address}{path}: {type(exc).__name__}: {exc}") from exc
+        if resp.status_code in (401, 403):
+            raise ServerAuthError(self.address, path, resp.status_code, token is not None)
         if resp.status_code >= 500:
             raise ServerUnavailable(f"{self.address}{path}: HTTP {resp.status_code} {resp.text[:200]}")
         return resp

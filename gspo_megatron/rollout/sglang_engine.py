@@ -69,10 +69,12 @@ class SGLangEngine(RolloutEngine):
 
     @classmethod
     def from_config(cls, cfg, model_path: Optional[str] = None, log_dir: Optional[str] = None,
-                    enable_memory_saver: bool = False, launch=None) -> "SGLangEngine":
+                    enable_memory_saver: bool = False, launch=None,
+                    key_file: Optional[str] = None) -> "SGLangEngine":
         """Attach to ``cfg.server_addresses``, or start ``cfg.num_servers`` with ``launch(cfg,
-        model_path, log_dir=..., enable_memory_saver=...)`` (SGLang by default); then wait for
-        health and check every server runs SGLang :data:`sglang_api.SGLANG_VERSION`."""
+        model_path, log_dir=..., enable_memory_saver=..., key_file=...)`` (SGLang by default;
+        launched servers require the keys in ``key_file``, ``rollout/server_keys.py``); then wait
+        for health and check every server runs SGLang :data:`sglang_api.SGLANG_VERSION`."""
         launcher, addresses = None, list(cfg.server_addresses)
         if not addresses:
             if model_path is None:
@@ -80,7 +82,8 @@ class SGLangEngine(RolloutEngine):
                                  "given to launch servers from (model.hf_path)")
             if launch is None:
                 from gspo_megatron.rollout.sglang_launcher import launch_sglang_fleet as launch
-            launcher = launch(cfg, model_path, log_dir=log_dir, enable_memory_saver=enable_memory_saver)
+            launcher = launch(cfg, model_path, log_dir=log_dir, enable_memory_saver=enable_memory_saver,
+                              key_file=key_file)
             addresses = launcher.addresses
         engine = cls(addresses, cfg.request_timeout_s, cfg.max_retries, cfg.health_timeout_s,
                      max_concurrency_per_server=cfg.max_concurrency_per_server,

@@ -14,6 +14,7 @@ itself must pass it too.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -35,17 +36,36 @@ def _dies_with_us(command: List[str]) -> List[str]:
             str(os.getpid()), "--", *command]
 
 
+KEYED_LAUNCH_MODULE = "gspo_megatron.rollout.sglang_keyed_launch"
+"""The script that starts SGLang with the job's keys read from a file. Run by path, not with
+``-m``: the server's environment need not have gspo_megatron installed."""
+
+
+def keyed_launch_path(repo: str) -> str:
+    """The keyed launcher's file in the checkout ``repo``."""
+    return os.path.join(repo, *KEYED_LAUNCH_MODULE.split(".")) + ".py"
+
+
+KEYED_LAUNCH = keyed_launch_path(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+
+
 def sglang_server_command(cfg, model_path: str, index: int, host: str = "127.0.0.1",
                           enable_memory_saver: bool = False, deterministic: bool = False,
-                          python: str = sys.executable) -> List[str]:
+                          python: str = sys.executable, key_file: Optional[str] = None,
+                          keyed_launch: str = KEYED_LAUNCH) -> List[str]:
     """Command line of SGLang server ``index`` of the fleet described by an ``SGLangConfig``.
 
     Server i listens on ``cfg.port + i`` and uses GPUs ``[i * tp * dp, (i + 1) * tp * dp)`` of
     its node (``--base-gpu-id``). ``enable_memory_saver`` is needed by colocated mode's
-    ``/release_memory_occupation``; ``deterministic`` makes SGLang honour ``sampling_seed``.
+    ``/release_memory_occupation``; ``deterministic`` makes SGLang honour ``sampling_seed``. With ``key_file`` the server
+    starts through ``keyed_launch`` (``rollout/sglang_keyed_launch.py``), which adds
+    ``--api-key`` / ``--admin-api-key`` from that file inside the process: the command line holds
+    only the file's path.
     """
     gpus_per_server = cfg.tp * cfg.dp
-    cmd = [python, "-m", "sglang.launch_server", "--model-path", model_path,
+    entry = [keyed_launch, key_file] if key_file else ["-m", "sglang.launch_server"]
+    cmd = [python, *entry, "--model-path", model_path,
            "--host", host, "--port", str(cfg.port + index),
            "--tp-size", str(cfg.tp), "--dp-size", str(cfg.dp), "--ep-size", str(cfg.ep),
            "--mem-fraction-static", str(cfg.mem_fraction_static),
@@ -64,6 +84,7 @@ def sglang_server_command(cfg, model_path: str, index: int, host: str = "127.0.0
     return cmd
 
 
+@functools.lru_cache(maxsize=None)
 def checkpoint_dtype(model_path: str) -> Optional[str]:
     """The HF checkpoint's own dtype (``config.json``: ``dtype``, or ``torch_dtype`` before
     transformers 4.56), or None when it cannot be read here (a hub id, a path only the server
@@ -95,11 +116,14 @@ def sglang_server_env(cfg) -> Dict[str, str]:
 
 def reference_server_command(model_path: str, port: int, host: str = "127.0.0.1",
                              extra: Sequence[str] = (), python: str = sys.executable,
-                             enable_memory_saver: bool = False) -> List[str]:
-    """Command line of a CPU reference server (same HTTP API as SGLang)."""
+                             enable_memory_saver: bool = False,
+                             key_file: Optional[str] = None) -> List[str]:
+    """Command line of a CPU reference server (same HTTP API as SGLang); ``key_file``: require
+    the job's keys, which the server reads from that file."""
     saver = ["--enable-memory-saver"] if enable_memory_saver else []
+    keys = ["--key-file", key_file] if key_file else []
     return [python, "-m", "gspo_megatron.rollout.reference_server", "--model-path", model_path,
-            "--host", host, "--port", str(port), *saver, *extra]
+            "--host", host, "--port", str(port), *saver, *keys, *extra]
 
 
 @dataclass
@@ -152,24 +176,27 @@ class ServerLauncher:
 
 
 def launch_sglang_fleet(cfg, model_path: str, host: str = "127.0.0.1",
-                        log_dir: Optional[str] = None, enable_memory_saver: bool = False) -> ServerLauncher:
+                        log_dir: Optional[str] = None, enable_memory_saver: bool = False,
+                        key_file: Optional[str] = None) -> ServerLauncher:
     """Start ``cfg.num_servers`` SGLang servers (an ``SGLangConfig``) on this node."""
     launcher = ServerLauncher(log_dir, env=sglang_server_env(cfg))
     for i in range(cfg.num_servers):
         cmd = sglang_server_command(cfg, model_path, i, host, enable_memory_saver,
-                                    cfg.deterministic_inference, python=cfg.python or sys.executable)
+                                    cfg.deterministic_inference, python=cfg.python or sys.executable,
+                                    key_file=key_file)
         launcher.start(cmd, f"{host}:{cfg.port + i}")
     return launcher
 
 
 def launch_reference_fleet(cfg, model_path: str, host: str = "127.0.0.1",
-                           log_dir: Optional[str] = None,
-                           enable_memory_saver: bool = False) -> ServerLauncher:
+                           log_dir: Optional[str] = None, enable_memory_saver: bool = False,
+                           key_file: Optional[str] = None) -> ServerLauncher:
     """Start ``cfg.num_servers`` CPU reference servers, server i on ``cfg.port + i``."""
     launcher = ServerLauncher(log_dir, env={"OMP_NUM_THREADS": "1"})
     for i in range(cfg.num_servers):
         port = cfg.port + i
         launcher.start(reference_server_command(model_path, port, host,
-                                                enable_memory_saver=enable_memory_saver),
+                                                enable_memory_saver=enable_memory_saver,
+                                                key_file=key_file),
                        f"{host}:{port}")
     return launcher

@@ -13,6 +13,7 @@ learner is built, so a bad path or a changed dataset fails in seconds with nothi
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -104,7 +105,10 @@ def _start_engine(cfg, run_dir: Path):
         threads = max(1, torch.get_num_threads() - r.embedded_num_threads)
         log.info("learner: %d torch thread(s) beside the engine's %d", threads, r.embedded_num_threads)
         torch.set_num_threads(threads)
-    return build_engine(r, model_path=cfg.model.hf_path, log_dir=str(run_dir / "logs"))
+    from gspo_megatron.rollout.server_keys import key_file_path
+
+    return build_engine(r, model_path=cfg.model.hf_path, log_dir=str(run_dir / "logs"),
+                        key_file=key_file_path(r.sglang.key_file, str(run_dir)))
 
 
 def _build_weight_sync(parts: TrainerParts, cfg, runtime):
@@ -119,7 +123,11 @@ def _build_weight_sync(parts: TrainerParts, cfg, runtime):
     if runtime.is_main:
         transport = build_transport(r.weight_sync, parts.engine, r.engine, mode=r.mode,
                                     server_tp_size=r.sglang.tp, config_dir=cfg.model.hf_path)
-    elif dst == "stage":
+    elif dst == "stage":  # its clients send the keys the main rank's engine made or read
+        from gspo_megatron.rollout.server_keys import key_file_path, read_keys, use_keys
+
+        key_file = key_file_path(r.sglang.key_file, cfg.logging.run_dir)
+        use_keys(read_keys(key_file) if os.path.exists(key_file) else None)
         transport = build_stage_transport(r.weight_sync, r.sglang.tp)
     return LearnerWeightSync(parts.learner, parts.engine, transport, dst, r.weight_sync.bucket_bytes)
 
