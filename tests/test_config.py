@@ -176,3 +176,19 @@ def test_saved_config_round_trips(tmp_path):
     path = save_config(cfg, tmp_path / "run" / "config.yaml")
     again = load_config(path)
     assert OmegaConf.to_container(again) == OmegaConf.to_container(cfg)
+
+
+def test_sglangs_cpu_engine_is_disaggregated_only_and_dtypes_are_sglangs():
+    """rollout.sglang.device=cpu: /release_memory_occupation synchronises CUDA and kills the
+    real CPU server, so colocated mode is refused by its key; --dtype takes SGLang's choices."""
+    base = ["rollout.engine=sglang", "rollout.sglang.device=cpu"]
+    with pytest.raises(ConfigError, match=r"rollout\.mode.*colocated mode is a GPU feature"):
+        load_config(REPO / "configs" / "tiny_cpu.yaml", [*base, "rollout.mode=colocated"])
+    cfg = load_config(REPO / "configs" / "tiny_cpu.yaml", [*base, "rollout.mode=disaggregated",
+                                                "rollout.sglang.dtype=float32"])
+    assert cfg.rollout.sglang.device == "cpu" and cfg.rollout.sglang.dtype == "float32"
+    with pytest.raises(ConfigError, match=r"rollout\.sglang\.dtype.*'fp32' is not one of"):
+        load_config(REPO / "configs" / "tiny_cpu.yaml", [*base, "rollout.mode=disaggregated",
+                                              "rollout.sglang.dtype=fp32"])
+    with pytest.raises(ConfigError, match=r"rollout\.sglang\.device"):
+        load_config(REPO / "configs" / "tiny_cpu.yaml", ["rollout.sglang.device=tpu"])

@@ -58,3 +58,28 @@ def test_launcher_stops_only_its_own_processes(tmp_path):
     assert a.process.returncode is not None and b.process.returncode is not None
     assert b.process.returncode == -9  # ignored SIGTERM, was killed
     assert (tmp_path / "server_127.0.0.1_1.log").exists() and launcher.servers == []
+
+
+def test_cpu_engine_dtype_and_keyed_launch(tmp_path):
+    """device=cpu: SGLang's CPU engine flags and switch; --dtype: the checkpoint's own unless
+    the config says (SGLang's auto would serve float32 as float16); a key file: the keyed
+    launcher, with only the file's path on the line."""
+    from gspo_megatron.rollout.sglang_launcher import (KEYED_LAUNCH, CPU_ENGINE_ARGS,
+                                                       checkpoint_dtype, sglang_server_env)
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text('{"torch_dtype": "float32"}')
+    checkpoint_dtype.cache_clear()
+    cfg = SGLangConfig(device="cpu", max_total_tokens=4096)
+    cmd = sglang_server_command(cfg, str(model), 0, python="py", key_file="/run/secrets/k.json")
+    assert cmd[:3] == ["py", KEYED_LAUNCH, "/run/secrets/k.json"] and KEYED_LAUNCH.endswith(
+        "gspo_megatron/rollout/sglang_keyed_launch.py")
+    assert _flag(cmd, "--dtype") == "float32" and _flag(cmd, "--max-total-tokens") == "4096"
+    assert cmd[-len(CPU_ENGINE_ARGS):] == CPU_ENGINE_ARGS and "--api-key" not in cmd
+    assert sglang_server_env(cfg) == {"SGLANG_USE_CPU_ENGINE": "1"}
+    gpu = sglang_server_command(SGLangConfig(dtype="bfloat16"), str(model), 0, python="py")
+    assert gpu[1:3] == ["-m", "sglang.launch_server"] and _flag(gpu, "--dtype") == "bfloat16"
+    assert "--device" not in gpu and sglang_server_env(SGLangConfig()) == {}
+    unreadable = sglang_server_command(SGLangConfig(), str(tmp_path / "nowhere"), 0, python="py")
+    assert "--dtype" not in unreadable  # SGLang decides; a warning says so

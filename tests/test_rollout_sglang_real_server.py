@@ -335,3 +335,46 @@ def test_a_server_killed_mid_batch_loses_no_sample(model_dir, server, tmp_path):
         eng.shutdown()
         second.stop()
     assert server.alive(), server.log_tail()
+
+
+def test_a_wedged_server_times_out_and_its_samples_go_elsewhere(model_dir, server, tmp_path):
+    """One of two real servers stops answering (SIGSTOP of its whole process group): its
+    requests time out, are aborted there when it comes back, and are answered by the other;
+    every sample once."""
+    second = RealServer(str(model_dir), tmp_path / "wedged.log").start()
+    eng = SGLangEngine.attach([server.address, second.address], request_timeout_s=8,
+                              health_timeout_s=60, max_retries=2)
+    try:
+        _, tok = build_tiny_policy(seed=0)
+        requests_ = [GenerationRequest(f"w{i}", tok(t)["input_ids"], n=8) for i, t in enumerate(PROMPTS)]
+        seen = []
+        for sample in eng.generate_iter(requests_, SamplingParams(max_new_tokens=200, seed=6)):
+            seen.append((sample.prompt_id, sample.sample_index))
+            if len(seen) == 2:
+                os.killpg(second.process.pid, signal.SIGSTOP)
+        assert sorted(seen) == sorted((r.prompt_id, j) for r in requests_ for j in range(r.n))
+        assert second.address in eng.pool.dead and eng._num_retries >= 1
+    finally:
+        if second.process is not None:
+            os.killpg(second.process.pid, signal.SIGCONT)
+        eng.shutdown()
+        second.stop()
+    assert server.alive(), server.log_tail()
+
+
+def test_the_only_server_killed_mid_batch_fails_the_batch_naming_the_sample(model_dir, tmp_path):
+    from gspo_megatron.rollout.sglang_engine import SampleFailed
+
+    only = RealServer(str(model_dir), tmp_path / "only.log").start()
+    eng = SGLangEngine.attach([only.address], request_timeout_s=30, health_timeout_s=60,
+                              max_retries=1)
+    try:
+        _, tok = build_tiny_policy(seed=0)
+        requests_ = [GenerationRequest(f"k{i}", tok(t)["input_ids"], n=8) for i, t in enumerate(PROMPTS)]
+        with pytest.raises(SampleFailed, match=rf"sample \(prompt_id='k\d', sample_index=\d\).*{only.address}"):
+            for i, _sample in enumerate(eng.generate_iter(requests_, SamplingParams(max_new_tokens=200))):
+                if i == 1:
+                    only.stop(grace_s=0.0)
+    finally:
+        eng.shutdown()
+        only.stop()

@@ -101,6 +101,29 @@ def test_learner_on_node1_and_reference_server_on_node2(cluster2, tiny_assets, t
     assert_trained_and_exported(run_dir, tiny_assets)
 
 
+def test_learner_on_node1_and_the_real_sglang_server_on_node2(cluster2, tiny_assets, tmp_path):
+    """The same two-node job with the real SGLang 0.5.23 server (CPU engine, its own virtualenv)
+    on node 2: started by the launch plan through the keyed launcher with the job's keys, the
+    learner's weights sent over a gloo group every step and checked by the post-sync probe."""
+    from tests.real_sglang import SGLANG_PYTHON
+
+    run_dir = tmp_path / "run"
+    jobs = run_pipeline(cluster2, tiny_assets, run_dir, ["--train-sbatch-arg=--nodes=2"], {},
+                        ["rollout.mode=disaggregated", "launch.num_learner_nodes=1",
+                         "rollout.engine=sglang", "rollout.sglang.device=cpu",
+                         f"rollout.sglang.python={SGLANG_PYTHON}", "rollout.sglang.max_total_tokens=4096",
+                         "rollout.weight_sync.transport=nccl", "rollout.weight_sync.verify=true",
+                         "rollout.weight_sync.verify_tolerance=1e-5"])
+    batch = (run_dir / "logs" / jobs["train"] / "batch.log").read_text()
+    assert "learner nodes node1; rollout nodes node2" in batch and "healthy: http://127.0.0.1:31000/health" in batch
+    server_log = (run_dir / "logs" / jobs["train"] / "rollout.r0.log").read_text()
+    assert "Load weight end" in server_log and "'api_key': '<redacted>'" in server_log  # real, keyed
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    probed = [r["weight_sync/probe_abs_logp"] for r in rows if "weight_sync/probe_abs_logp" in r]
+    assert len(probed) >= NUM_STEPS and max(probed) < 1e-5
+    assert_trained_and_exported(run_dir, tiny_assets)
+
+
 def test_real_trainer_preempted_by_slurm_resumes_to_the_full_step_count(cluster1, tiny_assets, tmp_path):
     """USR1 to the batch shell as at --signal=B:USR1@T: checkpoint, exit 124, requeue, resume."""
     run_dir = tmp_path / "run"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -199,7 +200,12 @@ def test_learners_and_servers_run_with_the_same_interpreter(tmp_path):
     plan = json.loads((tmp_path / "run/logs/9/launch_plan.r0.json").read_text())
     learner = calls[-1]["argv"]
     assert learner[learner.index("gspo-learner") + 1] == sys.executable
-    assert {tuple(s["argv"][:3]) for s in plan["servers"]} == {(sys.executable, "-m", "sglang.launch_server")}
+    # SGLang starts through the keyed launcher with the job's key file (made by the planner
+    # step, mode 0600; only its path is on the line)
+    key_file = tmp_path / "run" / "secrets" / "rollout_server_keys.json"
+    assert {tuple(s["argv"][:3]) for s in plan["servers"]} == {
+        (sys.executable, str(REPO / "gspo_megatron" / "rollout" / "sglang_keyed_launch.py"), str(key_file))}
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     # The server task script hands its Slurm task to that same interpreter.
     fake_py = tmp_path / "python"
     fake_py.write_text('#!/bin/sh\necho "$0 $*"\n')

@@ -193,11 +193,13 @@ def test_loop_with_reference_servers(assets, tmp_path, mode):
     from gspo_megatron.distributed.runtime import free_port
 
     extra = ["trainer.num_steps=1", "rollout.engine=reference", f"rollout.mode={mode}",
-             f"rollout.sglang.port={free_port()}", "rollout.sglang.health_timeout_s=300"]
+             f"rollout.sglang.port={free_port()}", "rollout.sglang.health_timeout_s=300",
+             "rollout.weight_sync.verify=true", "rollout.weight_sync.verify_tolerance=1e-5"]
     assert _train(0, _overrides(assets, tmp_path, *extra))["code"] == 0
     rows = _check_run(tmp_path, 1)
     sync = rows[1]
     assert sync["weight_sync/num_servers"] == 1.0 and sync["weight_sync/num_skipped_servers"] == 0.0
+    assert sync["weight_sync/probe_abs_logp"] < 1e-5  # the probe after the sync (colocated too)
     for phase in ("pause", "begin", "end", "transfer"):
         assert f"weight_sync/{phase}_s" in sync
     assert ("weight_sync/continue_s" in sync) == (mode == "disaggregated")  # colocated: on resume

@@ -6,7 +6,8 @@ flags, the checkpoint's own dtype), generates every rollout on it, sends the lea
 after every update through a gloo broadcast group, and stops it at the end. With
 ``algo.old_logprob_source=learner`` the learner recomputes every sample's log-probs, so
 ``rollout/learner_vs_engine_abs_logp`` of every step says that the previous sync arrived
-(2 layers of fp32: ~1e-7 when it did, ~1e-1 when the server still had older weights).
+(2 layers of fp32: ~1e-7 when it did, ~1e-1 when the server still had older weights), and
+``rollout.weight_sync.verify`` probes the server after every sync (``trainer/sync_check.py``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def _overrides(assets, run_dir: Path, *extra: str) -> list:
                  f"rollout.sglang.python={SGLANG_PYTHON}", "rollout.sglang.max_total_tokens=4096",
                  "rollout.sglang.health_timeout_s=240",
                  "rollout.weight_sync.transport=nccl",
-                 "rollout.weight_sync.master_address=127.0.0.1", *extra]
+                 "rollout.weight_sync.master_address=127.0.0.1",
+                 "rollout.weight_sync.verify=true", "rollout.weight_sync.verify_tolerance=1e-5", *extra]
 
 
 def _rows(run_dir: Path) -> list:
@@ -90,6 +92,8 @@ def test_twenty_steps_against_the_real_server(assets, tmp_path, overlap):
         assert row["rollout/learner_vs_engine_abs_logp"] < 1e-5, row["step"]
     synced = rows[2:] if overlap else rows[1:]
     assert all(r["weight_sync/gb"] > 0 and r["weight_sync/num_servers"] == 1.0 for r in synced)
+    # the probe after every sync: the server's log-probs of its own sample = the learner's
+    assert all(r["weight_sync/probe_abs_logp"] < 1e-5 for r in synced)
     if overlap:
         assert [r["rollout/policy_lag_steps"] for r in rows[2:]] == [1.0] * 19
     logs = list(tmp_path.rglob("server_127.0.0.1_*.log"))

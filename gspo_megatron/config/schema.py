@@ -251,8 +251,9 @@ class SGLangConfig:
     ``--device cpu --attention-backend torch_native --disable-cuda-graph --sleep-on-idle``), the
     real server on a machine without a GPU (docs/rollout.md); disaggregated mode only."""
     python: Optional[str] = None
-    """Interpreter of servers the trainer launches (a virtualenv with sglang, e.g.
-    ``.venv-sglang/bin/python`` from ``make sglang-venv``); None: the trainer's own."""
+    """Interpreter of the SGLang servers the trainer or the Slurm launch plan starts (a
+    virtualenv with sglang, e.g. ``.venv-sglang/bin/python`` from ``make sglang-venv``); None:
+    the trainer's own (``GSPO_PYTHON`` in a Slurm job: the image's one interpreter)."""
     dtype: Optional[str] = None
     """``--dtype`` of launched servers. None: the checkpoint's own (``config.json``), because
     SGLang's ``auto`` serves a float32 checkpoint in float16 (``srt/configs/model_config.py``;
@@ -283,6 +284,14 @@ class WeightSyncConfig:
     route to the first rollout server (distributed/host_address.py)."""
     master_port: Optional[int] = None
     """Rendezvous port of the broadcast group; None picks a free one."""
+    verify: bool = False
+    """After every sync, each rollout server generates a few tokens from a fixed prompt and the
+    learner recomputes their log-probs; a mean gap above ``verify_tolerance`` stops the run
+    naming the server (``trainer/sync_check.py``). Server engines only; one short generation
+    per server and one forward pass per sync."""
+    verify_tolerance: float = 1.0e-2
+    """Mean per-token log-prob gap allowed by ``verify`` (fp32 on CPU: ~5e-7; bf16 learners and
+    servers differ by more: measure a first run's ``weight_sync/probe_abs_logp``)."""
 
 
 @dataclass

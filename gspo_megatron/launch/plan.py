@@ -23,7 +23,7 @@ from gspo_megatron.config.allocation import NodeRoles, devices_per_server, node_
 from gspo_megatron.launch.mounts import Mount, absolute_path, container_mounts
 from gspo_megatron.rollout.server_keys import key_file_path
 from gspo_megatron.rollout.sglang_launcher import (keyed_launch_path, reference_server_command,
-                                                   sglang_server_command)
+                                                   sglang_server_command, sglang_server_env)
 
 # Flags the config owns; GSPO_SGLANG_EXTRA_ARGS may not set them (a second source of the fleet).
 CONFIG_OWNED_SGLANG_FLAGS = ("--model-path", "--tp-size", "--dp-size", "--ep-size", "--port",
@@ -67,6 +67,8 @@ class ServerTask:
     devices: List[int]
     """Device indices of the node the server uses (``--base-gpu-id`` onwards)."""
     argv: List[str]
+    env: Dict[str, str] = field(default_factory=dict)
+    """Set before the server starts (``SGLANG_USE_CPU_ENGINE=1`` for ``rollout.sglang.device=cpu``)."""
 
     @property
     def health_url(self) -> str:
@@ -146,7 +148,7 @@ def server_tasks(cfg, rollout_nodes: Sequence[Node], roles: NodeRoles, job: JobS
         for i in range(roles.servers_per_node):
             if cfg.rollout.engine == "sglang":
                 argv = sglang_server_command(
-                    s, model_path, i, host=node.addr, python=job.python,
+                    s, model_path, i, host=node.addr, python=s.python or job.python,
                     enable_memory_saver=cfg.rollout.mode == "colocated",
                     deterministic=s.deterministic_inference,
                     key_file=None if job.rollout_entry else key_file,
@@ -156,8 +158,9 @@ def server_tasks(cfg, rollout_nodes: Sequence[Node], roles: NodeRoles, job: JobS
                                                 enable_memory_saver=cfg.rollout.mode == "colocated",
                                                 key_file=None if job.rollout_entry else key_file)
             devices = list(range(i * per_server, (i + 1) * per_server))
+            env = sglang_server_env(s) if cfg.rollout.engine == "sglang" else {}
             tasks.append(ServerTask(node.name, i, f"{node.addr}:{s.port + i}", devices,
-                                    _with_entry(argv, job.rollout_entry)))
+                                    _with_entry(argv, job.rollout_entry), env))
     return tasks
 
 

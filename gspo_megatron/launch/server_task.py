@@ -4,8 +4,8 @@
 
 slurm/rollout_server.sh runs it once per Slurm task; the node (``SLURMD_NODENAME``) and the
 task's index on it (``SLURM_LOCALID``) pick the server, whose full command line (interpreter,
-port, devices, TP/DP/EP) the launch plan wrote. The process becomes the server (``execvp``), so
-Slurm's signals reach it directly.
+port, devices, TP/DP/EP) and environment additions the launch plan wrote. The process becomes
+the server (``execvp``), so Slurm's signals reach it directly.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     sys.stdout.flush()
+    os.environ.update(server.get("env") or {})
     os.execvp(server["argv"][0], server["argv"])
     return 1  # not reached
 

@@ -170,6 +170,23 @@ class SGLangEngine(RolloutEngine):
     def health(self) -> bool:
         return all(s.client.health() for s in self.pool.servers)
 
+    def probe_servers(self, prompt_token_ids: Sequence[int],
+                      params: SamplingParams) -> Dict[str, tuple]:
+        """One sample from ``prompt_token_ids`` on every member server: ``{address: (token ids,
+        log-probs)}`` (``trainer/sync_check.py`` compares them with the learner's). A server
+        that cannot be reached leaves the rotation, as in generation."""
+        out: Dict[str, tuple] = {}
+        for s in list(self.pool.members):
+            payload = api.generate_payload(f"sync-probe/{self.control.weight_version}",
+                                           list(prompt_token_ids), params, params.seed)
+            try:
+                result = s.client.generate(payload)
+            except ServerUnavailable as exc:
+                self.pool.mark_dead(s, f"sync probe: {exc}")
+                continue
+            out[s.address] = (result.token_ids, result.logprobs)
+        return out
+
     # --- generation -------------------------------------------------------------------------
     def _attempt(self, server: ServerState, rid: str, payload: Dict, epoch: int) -> api.GenerateResult:
         self.pool.sent(server, rid)

@@ -10,6 +10,10 @@ Colocated mode needs ``--enable-memory-saver`` (sglang 0.5.23 ``server_args.py``
 ``/release_memory_occupation`` answers 200 but frees nothing (a no-op memory-saver adapter), and
 the learner then runs out of memory. Both launchers pass it; a Slurm script that starts servers
 itself must pass it too.
+
+``rollout.sglang.device=cpu`` runs SGLang's CPU engine (the real server in the tests, with its own
+interpreter ``rollout.sglang.python``); servers started with a key file require the job's keys
+(``rollout/server_keys.py``) without showing them on any command line.
 """
 
 from __future__ import annotations
@@ -58,10 +62,11 @@ def sglang_server_command(cfg, model_path: str, index: int, host: str = "127.0.0
 
     Server i listens on ``cfg.port + i`` and uses GPUs ``[i * tp * dp, (i + 1) * tp * dp)`` of
     its node (``--base-gpu-id``). ``enable_memory_saver`` is needed by colocated mode's
-    ``/release_memory_occupation``; ``deterministic`` makes SGLang honour ``sampling_seed``. With ``key_file`` the server
-    starts through ``keyed_launch`` (``rollout/sglang_keyed_launch.py``), which adds
-    ``--api-key`` / ``--admin-api-key`` from that file inside the process: the command line holds
-    only the file's path.
+    ``/release_memory_occupation``; ``deterministic`` makes SGLang honour ``sampling_seed``.
+    With ``key_file`` the server starts through ``keyed_launch``
+    (``rollout/sglang_keyed_launch.py``), which adds ``--api-key`` / ``--admin-api-key`` from
+    that file inside the process: the command line holds only the file's path. ``--dtype`` is
+    ``cfg.dtype`` or the checkpoint's own; ``cfg.device == "cpu"`` adds the CPU engine's flags.
     """
     gpus_per_server = cfg.tp * cfg.dp
     entry = [keyed_launch, key_file] if key_file else ["-m", "sglang.launch_server"]

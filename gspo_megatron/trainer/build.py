@@ -60,6 +60,8 @@ class TrainerParts:
     logger: MetricsLogger = field(default=None)  # type: ignore[assignment]
     syncer: Any = None
     """``weight_sync.learner_sync.LearnerWeightSync`` (every rank)."""
+    sync_check: Any = None
+    """``trainer.sync_check.SyncCheck`` with ``rollout.weight_sync.verify`` (every rank)."""
 
     # ---- weight sync ---------------------------------------------------------------------
     def weight_sync(self) -> Dict[str, float]:
@@ -171,6 +173,12 @@ def _build_around_engine(cfg, runtime, preemption, engine) -> TrainerParts:
     parts.logger = MetricsLogger(run_dir, cfg.logging.wandb,
                                  OmegaConf.to_container(cfg, resolve=True), enabled=runtime.is_main)
     parts.syncer = _build_weight_sync(parts, cfg, runtime)
+    if cfg.rollout.weight_sync.verify and cfg.rollout.engine in ("sglang", "reference"):
+        from gspo_megatron.trainer.sync_check import SyncCheck
+
+        parts.sync_check = SyncCheck(learner, engine, train.records[0].prompt_token_ids,
+                                     cfg.rollout.temperature, cfg.rollout.weight_sync.verify_tolerance,
+                                     runtime.is_main)
     if runtime.is_main:
         parts.reward_runner = RolloutScorer(RewardRunner.from_config(cfg.reward), tokenizer)
     if runtime.world_size > 1:

@@ -99,7 +99,8 @@ class GSPOTrainer:
     def sync_weights(self) -> Dict[str, float]:
         """Collective: hand the learner's weights to the engine unless it already serves them."""
         metrics: Dict[str, float] = {}
-        if self._engine_step != self.p.learner.step:
+        synced = self._engine_step != self.p.learner.step
+        if synced:
             start = time.perf_counter()
             metrics = dict(self.p.weight_sync())
             self._engine_step = self.p.learner.step
@@ -107,6 +108,8 @@ class GSPOTrainer:
         if self._released:  # colocated: the KV cache comes back and generation goes on
             self.p.engine.resume_memory()
             self._released = False
+        if synced and self.p.sync_check is not None:  # rollout.weight_sync.verify
+            metrics.update(self.p.sync_check(str(self.p.learner.step)))
         return metrics
 
     def evaluate(self) -> Dict[str, float]:
