@@ -190,5 +190,8 @@ def test_sglangs_cpu_engine_is_disaggregated_only_and_dtypes_are_sglangs():
     with pytest.raises(ConfigError, match=r"rollout\.sglang\.dtype.*'fp32' is not one of"):
         load_config(REPO / "configs" / "tiny_cpu.yaml", [*base, "rollout.mode=disaggregated",
                                               "rollout.sglang.dtype=fp32"])
+    with pytest.raises(ConfigError, match=r"deterministic_inference.*GPU attention backends"):
+        load_config(REPO / "configs" / "tiny_cpu.yaml", [*base, "rollout.mode=disaggregated",
+                                                         "rollout.sglang.deterministic_inference=true"])
     with pytest.raises(ConfigError, match=r"rollout\.sglang\.device"):
         load_config(REPO / "configs" / "tiny_cpu.yaml", ["rollout.sglang.device=tpu"])

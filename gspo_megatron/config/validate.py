@@ -396,6 +396,10 @@ def _check_rollout(cfg, check) -> None:
               "feature); set rollout.mode=disaggregated")
         check(s.tp == 1 and s.dp == 1 and s.ep == 1, "rollout.sglang.tp",
               "SGLang's CPU engine is run here with one process per server (tp = dp = ep = 1)")
+        # srt/arg_groups/overrides.py: _deterministic_attention_backend refuses torch_native
+        check(not s.deterministic_inference, "rollout.sglang.deterministic_inference",
+              "SGLang 0.5.23 supports deterministic inference only with GPU attention backends "
+              "(not the CPU engine's torch_native); sampling seeds are not honoured on CPU")
     check(s.dtype is None or s.dtype in SGLANG_DTYPES, "rollout.sglang.dtype",
           f"{s.dtype!r} is not one of {', '.join(SGLANG_DTYPES)} (or null: the checkpoint's own)")
     check(s.max_total_tokens is None or s.max_total_tokens >= 1, "rollout.sglang.max_total_tokens",
