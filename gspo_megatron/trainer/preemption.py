@@ -8,7 +8,8 @@ with :data:`REQUEUE_EXIT_CODE`, which ``slurm/lib.sh`` answers with ``scontrol r
 imported), because SIGUSR1's default action ends the process (exit 138) with no checkpoint and
 no requeue. A signal that arrives while the job is still starting is answered at the next
 start-up stage (:meth:`PreemptionFlag.exit_code_if_requested`): there is nothing new to save
-yet, so the job exits 124 at once and is requeued.
+yet, so the job exits 124 at once and is requeued. A second signal does not wait for the end
+of the step: it ends the process at once (exit 124), wherever it is blocked.
 """
 
 from __future__ import annotations
@@ -31,6 +32,15 @@ class PreemptionFlag:
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, _frame) -> None:
+        if self.requested:
+            # A second signal: whoever sent it will not wait for the step to end (a sync or a
+            # start-up call blocked on a server). Unwind now: ``finally`` blocks stop launched
+            # servers and release the run directory; the last complete checkpoint stays.
+            name = signal.Signals(signum).name
+            log.error("received %s again: stopping now, without a checkpoint of this step; a "
+                      "resumed run starts from the last complete checkpoint (exit %d)",
+                      name, REQUEUE_EXIT_CODE)
+            raise SystemExit(REQUEUE_EXIT_CODE)
         self.requested = True
         self.signal_name = signal.Signals(signum).name
         log.warning("received %s: will checkpoint after the current step and exit %d",
