@@ -235,3 +235,23 @@ def test_server_killed_mid_batch_then_skipped_and_readmitted(tmp_path, policy, b
         eng.shutdown()
         survivor.stop()
     assert launcher.servers == []
+
+
+def test_colocated_runs_refuse_attached_servers_without_the_memory_saver():
+    """Checked at attach (SGLang would answer the first release with 200 and free nothing)."""
+    from gspo_megatron.config.schema import SGLangConfig
+    from gspo_megatron.rollout.sglang_engine import ServerSetupError
+
+    plain = ReferenceServer(EmbeddedEngine(*build_tiny_policy(seed=0))).start()
+    saver = ReferenceServer(EmbeddedEngine(*build_tiny_policy(seed=0)), enable_memory_saver=True).start()
+    try:
+        with pytest.raises(ServerSetupError, match=rf"{plain.address} runs without --enable-memory-saver"):
+            SGLangEngine.from_config(SGLangConfig(server_addresses=[plain.address], health_timeout_s=30),
+                                     enable_memory_saver=True)
+        SGLangEngine.from_config(SGLangConfig(server_addresses=[plain.address], health_timeout_s=30),
+                                 enable_memory_saver=False).shutdown()  # disaggregated: fine
+        SGLangEngine.from_config(SGLangConfig(server_addresses=[saver.address], health_timeout_s=30),
+                                 enable_memory_saver=True).shutdown()
+    finally:
+        plain.stop()
+        saver.stop()

@@ -174,8 +174,14 @@ def test_bad_inputs_stop_with_a_clear_error(assets, tmp_path, caplog):
     bad.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": 3}\nnot json\n')
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
+    few = tmp_path / "few.jsonl"  # 3 usable prompts, one too long: fewer than a step's 4
+    few.write_text("".join(f'{{"prompt": "{a}+1=", "answer": "{a + 1}"}}\n' for a in range(3)) +
+                   '{"prompt": "1234567890+1=", "answer": "1234567891"}\n')
     cases = [([f"data.train_path={bad}"], f"{bad}:2"),
              ([f"data.train_path={empty}"], "dataset is empty"),
+             ([f"data.train_path={few}"],
+              "3 usable prompts (4 rows, 0 malformed, 1 longer than data.max_prompt_tokens=8), "
+              "fewer than batch.num_prompts_per_step=4"),
              (["reward.name=no_such_reward"], "no_such_reward")]
     for extra, message in cases:
         caplog.clear()
@@ -220,3 +226,33 @@ def test_overlap_with_a_disaggregated_reference_server(assets, tmp_path):
     assert [r["rollout/policy_lag_steps"] for r in rows[1:]] == [0.0, 1.0, 1.0]
     for row in rows[2:]:
         assert row["weight_sync/num_servers"] == 1.0 and "weight_sync/continue_s" in row
+
+
+@pytest.mark.slow
+def test_a_dead_rollout_server_ends_the_run_with_one_line_and_exit_5(assets, tmp_path, caplog):
+    """The only server dies mid-rollout (the stand-in exits on its 5th /generate): the run stops
+    with EXIT_ROLLOUT and one error line naming a sample, not a traceback; the checkpoint of the
+    step before stays."""
+    import logging
+
+    from gspo_megatron.cli.train import EXIT_ROLLOUT
+    from gspo_megatron.distributed.runtime import free_port
+    from gspo_megatron.rollout.sglang_launcher import ServerLauncher, reference_server_command
+
+    port = free_port()
+    launcher = ServerLauncher(str(tmp_path / "logs"), env={"OMP_NUM_THREADS": "1"})
+    launcher.start(reference_server_command(str(assets.model_dir), port, python=sys.executable,
+                                            extra=["--exit-on-request", "40"]), f"127.0.0.1:{port}")
+    try:
+        extra = ["trainer.num_steps=4", "rollout.engine=reference", "rollout.mode=disaggregated",
+                 f"rollout.sglang.server_addresses=[127.0.0.1:{port}]", "rollout.sglang.max_retries=1",
+                 "rollout.sglang.health_timeout_s=300", "checkpoint.save_every_steps=1"]
+        with caplog.at_level(logging.ERROR):
+            code = _train(0, _overrides(assets, tmp_path / "run", *extra))["code"]
+    finally:
+        launcher.stop()
+    assert code == EXIT_ROLLOUT
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name == "gspo-train"]
+    assert errors and "rollout servers: sample (prompt_id=" in errors[-1].getMessage()
+    assert errors[-1].exc_info is None  # one line, no traceback
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*")) == ["step_000001"]

@@ -4,8 +4,10 @@ Launch one process per learner rank (``torchrun`` or Slurm ``srun``; a plain cal
 Exit codes: 0 done; 2 bad configuration or input (message names the file / key; nothing is
 written); 3 training stopped on repeated non-finite losses (last good state saved); 4 an output
 could not be written (disk full or I/O error: the message names the path, the partial output is
-removed, and a rerun resumes from the last complete checkpoint); 5 a rollout server does not
-serve the learner's weights after a sync (``rollout.weight_sync.verify``; the message names it);
+removed, and a rerun resumes from the last complete checkpoint); 5 the rollout servers failed:
+a sample failed on every server it was tried on (a killed or wedged fleet), or a server does not
+serve the learner's weights after a sync (``rollout.weight_sync.verify``); the message names the
+server or the sample, and the last complete checkpoint stays;
 124 preempted (checkpointed after the current step, or signalled during start-up): requeue to
 resume. A missing, unreadable or world-readable server key file, or servers that refuse the
 job's keys (401 / 403, named), are bad input: 2.
@@ -30,7 +32,7 @@ from typing import Callable, List, Optional
 EXIT_CONFIG = 2
 EXIT_NONFINITE = 3
 EXIT_WRITE_FAILED = 4
-EXIT_ROLLOUT_WEIGHTS = 5
+EXIT_ROLLOUT = 5
 # Write failures that end a run with EXIT_WRITE_FAILED wherever they happen (a metrics line,
 # the lock file): full disk, quota, read-only file system.
 WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
@@ -148,16 +150,18 @@ def _exit_code(exc: BaseException, run_dir: Path, log: logging.Logger) -> Option
     from gspo_megatron.learner.learner import NonFiniteTrainingError
     from gspo_megatron.rewards.registry import RewardLookupError
     from gspo_megatron.rollout.server_keys import KeyFileError
+    from gspo_megatron.rollout.server_pool import NoLiveServer
     from gspo_megatron.rollout.sglang_client import ServerAuthError
+    from gspo_megatron.rollout.sglang_engine import SampleFailed, ServerSetupError
     from gspo_megatron.trainer.run_lock import RunDirLockedError
     from gspo_megatron.trainer.sync_check import WeightsDidNotArrive
 
     bad_input = (ConfigError, DataLoadError, RewardLookupError, RunDirLockedError, CheckpointError,
-                 KeyFileError, ServerAuthError)
+                 KeyFileError, ServerAuthError, ServerSetupError)
     if isinstance(exc, bad_input):
         code, message = EXIT_CONFIG, str(exc)
-    elif isinstance(exc, WeightsDidNotArrive):
-        code, message = EXIT_ROLLOUT_WEIGHTS, str(exc)
+    elif isinstance(exc, (WeightsDidNotArrive, SampleFailed, NoLiveServer)):
+        code, message = EXIT_ROLLOUT, f"rollout servers: {exc}"
     elif isinstance(exc, NonFiniteTrainingError):
         code, message = EXIT_NONFINITE, str(exc)
     elif isinstance(exc, OutputWriteError):

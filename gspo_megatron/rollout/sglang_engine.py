@@ -39,6 +39,10 @@ class SampleFailed(RuntimeError):
     """A sample failed on every server it was tried on."""
 
 
+class ServerSetupError(RuntimeError):
+    """A server that is up but was started in a way this run cannot use (checked at attach)."""
+
+
 class _Retry(Exception):
     """An attempt to run again elsewhere; ``free``: caused by our own pause, not a failure."""
 
@@ -64,6 +68,8 @@ class SGLangEngine(RolloutEngine):
         self.max_concurrency_per_server = max_concurrency_per_server
         self.server_tp_size = server_tp_size
         self.launcher = launcher
+        self.require_memory_saver = False
+        """Attached servers of a colocated run must run with ``--enable-memory-saver``."""
         self._count_lock = threading.Lock()
         self._num_retries = 0
 
@@ -88,6 +94,7 @@ class SGLangEngine(RolloutEngine):
         engine = cls(addresses, cfg.request_timeout_s, cfg.max_retries, cfg.health_timeout_s,
                      max_concurrency_per_server=cfg.max_concurrency_per_server,
                      launcher=launcher, server_tp_size=cfg.tp)
+        engine.require_memory_saver = enable_memory_saver and launcher is None
         return engine._start(recover=launcher is None)
 
     @classmethod
@@ -159,9 +166,17 @@ class SGLangEngine(RolloutEngine):
             s.alive = True
 
     def check_versions(self) -> None:
-        """Refuse servers that do not run the SGLang version this client was written against."""
+        """Refuse servers that do not run the SGLang version this client was written against,
+        and (colocated runs on servers we did not start) servers without the memory saver:
+        SGLang would answer their first release with 200 and free nothing."""
         for s in self.pool.servers:
-            version = s.client.server_info().get("version")
+            info = s.client.server_info()
+            if self.require_memory_saver and not info.get("enable_memory_saver"):
+                raise ServerSetupError(
+                    f"rollout server {s.address} runs without --enable-memory-saver, which "
+                    "rollout.mode=colocated needs to release its memory while the learner "
+                    "trains; restart it with the flag, or set rollout.mode=disaggregated")
+            version = info.get("version")
             if version != api.SGLANG_VERSION:
                 raise RuntimeError(f"rollout server {s.address} runs SGLang {version}; this client "
                                    f"speaks SGLang {api.SGLANG_VERSION} (its pause / weight-update "

@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 from gspo_megatron.algorithms.losses import get_policy_loss
 from gspo_megatron.checkpoint.learner_hf import export_learner_to_hf, load_hf_into_learner
 from gspo_megatron.data.dataset import load_prompt_dataset
+from gspo_megatron.data.records import DataLoadError
 from gspo_megatron.data.sampler import PromptSampler
 from gspo_megatron.learner.learner import Learner
 from gspo_megatron.rewards.runner import RewardRunner
@@ -152,6 +153,7 @@ def _build_around_engine(cfg, runtime, preemption, engine) -> TrainerParts:
     run_dir = Path(cfg.logging.run_dir)
     tokenizer = load_tokenizer(cfg.model.hf_path)
     train = load_prompt_dataset(cfg.data.train_path, tokenizer, cfg.data)
+    _check_enough_prompts(train.stats, cfg)
     sampler = PromptSampler(train.records, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
     eval_records = (load_prompt_dataset(cfg.data.eval_path, tokenizer, cfg.data).records
                     if cfg.data.eval_path and runtime.is_main else None)
@@ -184,6 +186,19 @@ def _build_around_engine(cfg, runtime, preemption, engine) -> TrainerParts:
     if runtime.world_size > 1:
         dist.barrier()
     return parts
+
+
+def _check_enough_prompts(stats, cfg) -> None:
+    """A step draws ``batch.num_prompts_per_step`` distinct prompts (each one's samples share its
+    group); fewer usable ones than that cannot fill a step, so refuse at start with the counts."""
+    need = cfg.batch.num_prompts_per_step
+    if stats.num_loaded < need:
+        raise DataLoadError(
+            f"{stats.path}: {stats.num_loaded} usable prompts ({stats.num_rows} rows, "
+            f"{stats.num_bad} malformed, {stats.num_too_long} longer than "
+            f"data.max_prompt_tokens={cfg.data.max_prompt_tokens}), fewer than "
+            f"batch.num_prompts_per_step={need}: add prompts, raise data.max_prompt_tokens or "
+            "lower batch.num_prompts_per_step")
 
 
 def _load_initial(learner: Learner, cfg) -> None:
