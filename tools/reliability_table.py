@@ -45,7 +45,8 @@ uninterrupted run, no `.partial` output is left behind, and no process outlives 
 
 Exit codes of `gspo-train`: 0 done, 2 bad configuration or input, 3 repeated non-finite
 losses, 4 an output could not be written (disk full: the partial output is removed; rerun to
-resume), 124 preempted (requeue). `gspo-convert` / `gspo-export`: 0, 2, 4 likewise, 1 other.
+resume), 5 the rollout servers failed (every try of a sample, or the post-sync probe), 124
+preempted (requeue). `gspo-convert` / `gspo-export`: 0, 2, 4 likewise, 1 other.
 
 **{num_ok} of {num} ok**: {num_bad_ok} of {num_bad} bad inputs, {num_fault_ok} of {num_fault} faults.
 """
