@@ -104,3 +104,29 @@ def test_broadcast_sync_to_server_processes(tmp_path, monkeypatch):
     finally:
         eng.shutdown()
     assert launcher.servers == []
+
+
+def test_a_server_that_refuses_the_group_fails_the_rendezvous_at_once(tmp_path):
+    """The server answers ``/init_weights_update_group`` with a refusal (here: the group name
+    exists, as it would for a server still holding a killed trainer's group of the same name):
+    rank 0 stops waiting in the store at once with the server's message, not after timeout_s."""
+    torch.set_num_threads(1)
+    save_tiny_model(*build_tiny_policy(seed=0), str(tmp_path / "m"))
+    launcher = ServerLauncher(str(tmp_path / "logs"), env={"OMP_NUM_THREADS": "1"})
+    port = free_port()
+    launcher.start(reference_server_command(str(tmp_path / "m"), port, python=sys.executable),
+                   f"127.0.0.1:{port}")
+    eng = SGLangEngine(launcher.addresses, request_timeout_s=60, launcher=launcher)
+    first = BroadcastTransport(48 * 1024, master_address="127.0.0.1", backend="gloo", timeout_s=120)
+    second = BroadcastTransport(48 * 1024, master_address="127.0.0.1", backend="gloo", timeout_s=120)
+    try:
+        eng.wait_healthy(timeout_s=180)
+        first.connect(launcher.addresses)
+        assert first.incarnation != second.incarnation  # the default: no clash at all
+        second.incarnation = first.incarnation  # force the clash a fixed name would give
+        t0 = time.monotonic()
+        with pytest.raises(api.ServerRefused, match=rf"{first.group_name}.* exists"):
+            second.connect(launcher.addresses)
+        assert time.monotonic() - t0 < 10
+    finally:
+        eng.shutdown()

@@ -121,9 +121,13 @@ class BroadcastTransport(BucketTransport):
         ``/init_weights_update_group`` answers first) fails the rendezvous at once with its
         message instead of leaving rank 0 waiting in the store for ``timeout_s``."""
         outcome = {}
+        # the joining thread uses this thread's GPU (a new thread starts on device 0)
+        device = torch.cuda.current_device() if self.backend == "nccl" else None
 
         def join():
             try:
+                if device is not None:
+                    torch.cuda.set_device(device)
                 outcome["group"] = create_update_group(host, port, 0, self.world_size,
                                                        self.group_name, self.backend,
                                                        self.timeout_s)
