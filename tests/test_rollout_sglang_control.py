@@ -203,3 +203,41 @@ def test_release_needs_the_pause_and_the_update_needs_the_weights_back(fleet, ne
     monkeypatch.setattr(SGLangServerClient, "resume_memory", lambda self, *a, **k: None)
     with pytest.raises(api.ServerRefused, match="weights memory is released"):
         _update(eng, new_policy[0], "x")
+
+
+def test_flush_is_retried_while_refused_then_fails_naming_the_server():
+    """SGLang answers /flush_cache with 400 while anything runs or waits; the update retries
+    until ``flush_timeout_s`` (slime: 60 s), then fails naming the server. A key error is not
+    retried."""
+    from gspo_megatron.rollout.server_pool import ServerPool
+    from gspo_megatron.rollout.sglang_client import ServerAuthError
+
+    class Busy(SGLangServerClient):
+        """Refuses the first ``refusals`` flushes as SGLang does while requests run."""
+
+        def __init__(self, refusals, error=None):
+            super().__init__("127.0.0.1:1", keys=None)
+            self.refusals, self.error, self.calls = refusals, error, 0
+
+        def flush_cache(self):
+            self.calls += 1
+            if self.error is not None:
+                raise self.error
+            if self.calls <= self.refusals:
+                raise api.ServerRefused(self.address, api.FLUSH_CACHE, "HTTP 400: Flush cache failed.")
+
+    busy = Busy(refusals=3)
+    control = FleetControl(ServerPool([busy]), flush_timeout_s=5.0, flush_retry_s=0.01)
+    control._flush(control.pool.servers[0])
+    assert busy.calls == 4
+    stuck = Busy(refusals=10 ** 6)
+    control = FleetControl(ServerPool([stuck]), flush_timeout_s=0.2, flush_retry_s=0.01)
+    t0 = time.monotonic()
+    with pytest.raises(api.ServerRefused, match=r"127.0.0.1:1 refused /flush_cache.*still refused after 0.2s"):
+        control._flush(control.pool.servers[0])
+    assert 0.2 <= time.monotonic() - t0 < 2 and stuck.calls > 3
+    denied = Busy(0, ServerAuthError("127.0.0.1:1", api.FLUSH_CACHE, 401, True))
+    control = FleetControl(ServerPool([denied]), flush_timeout_s=5.0, flush_retry_s=0.01)
+    with pytest.raises(ServerAuthError):
+        control._flush(control.pool.servers[0])
+    assert denied.calls == 1

@@ -15,7 +15,9 @@ server in parallel and timed:
 5. the transport sends the buckets;
 6. ``/end_weight_update``: runs the post-load processing of the new weights;
 7. ``/flush_cache``: the prefix cache holds KV of the old weights (skipped while the KV cache is
-   released: releasing it flushed already);
+   released: releasing it flushed already). SGLang answers 400 while anything runs or waits in
+   its queue (``scheduler.flush_cache``), so a refusal is retried every 0.5 s for up to
+   ``flush_timeout_s`` (60 s, as slime does) before it fails the update naming the server;
 8. ``/continue_generation`` (deferred while memory is released: ``resume_memory`` continues).
 
 A member that is unreachable during a phase leaves the rotation and is reported in the metrics
@@ -32,7 +34,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Set
 
 from gspo_megatron.rollout import sglang_api as api
 from gspo_megatron.rollout.server_pool import ServerPool, ServerState
-from gspo_megatron.rollout.sglang_client import ServerUnavailable
+from gspo_megatron.rollout.sglang_client import ServerAuthError, ServerUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +42,11 @@ log = logging.getLogger(__name__)
 class FleetControl:
     """Pause / abort / session / flush / continue and memory release over a :class:`ServerPool`."""
 
-    def __init__(self, pool: ServerPool) -> None:
+    def __init__(self, pool: ServerPool, flush_timeout_s: float = 60.0,
+                 flush_retry_s: float = 0.5) -> None:
         self.pool = pool
+        self.flush_timeout_s = flush_timeout_s
+        self.flush_retry_s = flush_retry_s
         self.weight_version: Optional[str] = None
         self.released: Set[str] = set()
         """Memory tags released on the servers (colocated mode)."""
@@ -102,9 +107,26 @@ class FleetControl:
             s.weight_version = weight_version
         self.weight_version = weight_version
         if "kv_cache" not in self.released:
-            self._all("flush", lambda s: s.client.flush_cache())
+            self._all("flush", self._flush)
         if not self.released:
             self._continue()
+
+    def _flush(self, s: ServerState) -> None:
+        """``/flush_cache``, retried while SGLang refuses it (requests running or queued)."""
+        deadline = time.monotonic() + self.flush_timeout_s
+        while True:
+            try:
+                s.client.flush_cache()
+                return
+            except ServerAuthError:
+                raise  # the same key would be refused again
+            except api.ServerRefused as exc:
+                if time.monotonic() >= deadline:
+                    raise api.ServerRefused(s.address, api.FLUSH_CACHE,
+                                            f"{exc.message} (still refused after "
+                                            f"{self.flush_timeout_s:g}s: requests running or "
+                                            "queued on it)") from exc
+                time.sleep(self.flush_retry_s)
 
     def cancel(self) -> None:
         """Best effort after a failed transfer: close the session and let generation go on."""
@@ -150,5 +172,5 @@ class FleetControl:
             self._resume(tags)
         if not self.released and self.paused and not self._session:
             if "kv_cache" in tags:
-                self._all("flush", lambda s: s.client.flush_cache())
+                self._all("flush", self._flush)
             self._continue()
