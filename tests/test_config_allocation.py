@@ -43,10 +43,20 @@ def test_fleets_that_do_not_fill_the_allocation_are_refused(overrides, message):
 
 
 def test_colocated_fleet_on_every_node():
-    cfg = load_config(PROD, ["launch.num_nodes=2", "rollout.mode=colocated", "launch.num_learner_nodes=null",
-                             "rollout.sglang.num_servers=4", "rollout.weight_sync.transport=tensor"])
+    layout = ["launch.num_nodes=2", "rollout.mode=colocated", "launch.num_learner_nodes=null",
+              "rollout.sglang.num_servers=4"]
+    cfg = load_config(PROD, [*layout, "rollout.weight_sync.transport=nccl"])
     roles = node_roles(cfg)
     assert (roles.num_learner_nodes, roles.num_rollout_nodes, roles.servers_per_node) == (2, 2, 2)
+    # tensor handles (CUDA IPC) open only on rank 0's node: refused across nodes (issue 29)
+    for transport in ("tensor", "auto"):
+        with pytest.raises(ConfigError, match=r"rollout\.weight_sync\.transport: '\w+' sends tensor "
+                                              r"handles from learner rank 0's node.*other 1 node"):
+            load_config(PROD, [*layout, f"rollout.weight_sync.transport={transport}"])
+    one_node = load_config(PROD, ["launch.num_nodes=1", "rollout.mode=colocated",
+                                  "launch.num_learner_nodes=null", "rollout.sglang.num_servers=2",
+                                  "parallel.world_size=8", "rollout.weight_sync.transport=tensor"])
+    assert node_roles(one_node).servers_per_node == 2
 
 
 def test_without_an_allocation_nothing_is_checked_against_it():

@@ -99,7 +99,7 @@ def test_four_node_plan_places_learners_and_servers():
 
 def test_colocated_servers_share_every_node_and_release_memory():
     overrides = ["launch.num_nodes=2", "rollout.mode=colocated", "launch.num_learner_nodes=null",
-                 "rollout.weight_sync.transport=tensor"]
+                 "rollout.weight_sync.transport=nccl"]  # tensor handles: one node only
     cfg = load_config(PROD, overrides)
     plan = build_plan(cfg, NODES[:2], job(), overrides)
     assert [n.name for n in plan.learner_nodes] == [n.name for n in plan.rollout_nodes] == ["n1", "n2"]

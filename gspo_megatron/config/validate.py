@@ -387,6 +387,16 @@ def _check_rollout(cfg, check) -> None:
     check(r.engine != "embedded" or ws.transport in ("auto", "tensor", "disk"),
           "rollout.weight_sync.transport", f"'{ws.transport}' needs server engines; the embedded "
           "engine takes 'tensor' or 'disk'")
+    handles = ws.transport == "tensor" or (ws.transport == "auto" and r.mode == "colocated")
+    nodes = cfg.launch.num_nodes
+    # CudaIpcTransport sends handles of learner rank 0's GPUs (CPU: its shared memory) to every
+    # server; a server on another node cannot open them (SGLang: "Invalid device_uuid",
+    # srt/utils/patch_torch.py). Issue 29 item 3.
+    check(not (r.engine in ("sglang", "reference") and handles and nodes is not None and nodes > 1),
+          "rollout.weight_sync.transport", f"'{ws.transport}' sends tensor handles from learner "
+          f"rank 0's node, which servers on the other {(nodes or 1) - 1} node(s) cannot open; "
+          "set rollout.weight_sync.transport=nccl (a broadcast group reaches every node) or run "
+          "on one node")
     s = r.sglang
     if r.engine == "sglang" and s.device == "cpu":
         # sglang 0.5.23's /release_memory_occupation synchronises CUDA: on the CPU engine it kills
