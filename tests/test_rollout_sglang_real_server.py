@@ -273,7 +273,16 @@ def test_the_stand_in_answers_like_the_real_server(server, stand_in):
     assert rs == ss == 200
     for body in (real, ref):
         result = api.parse_generate_response(body)  # our parser takes both
-        assert len(result.token_ids) == len(result.logprobs) == 5 and result.finish_reason == "length"
+        # sampled without a seed (the real server honours none on CPU): the random tiny model
+        # draws its EOS within 5 tokens about once in 12 requests, and then it stops there
+        n = len(result.token_ids)
+        assert n == len(result.logprobs) and 1 <= n <= 5
+        if result.finish_reason == "length":
+            assert n == 5
+        else:
+            assert result.finish_reason == "stop" and result.token_ids[-1] == tok.eos_token_id
+            assert tok.eos_token_id not in result.token_ids[:-1]
+        assert len(body["meta_info"]["output_token_logprobs"]) == n
         entries = body["meta_info"]["output_token_logprobs"]
         assert all(len(e) == 3 and e[2] is None for e in entries)  # [logprob, id, None]
     used = {"id", "finish_reason", "weight_version", "completion_tokens", "prompt_tokens",
