@@ -4,7 +4,9 @@
 #       kernels are the ones sglang was built and tested with) and adds megatron-core, Transformer
 #       Engine and this package, with every package the base already has as a constraint: a pin
 #       that would replace its torch fails the build instead of making a second stack.
-#       Versions and why: requirements-gpu.txt and docs/cluster.md; checked without a GPU by
+#       requirements-gpu.txt pins only what the base lacks (a pin of a package the base holds
+#       would contradict the constraints). Versions and why: requirements-gpu.txt and
+#       docs/cluster.md; checked without a GPU, against a model of the base's set, by
 #       tools/check_image_requirements.py. apex is left out: with Transformer Engine present,
 #       Megatron-Core 0.16.1 takes FusedAdam, multi_tensor_applier and the fused norms from TE first
 #       (megatron/core/optimizer/__init__.py, optimizer.py, clip_grads.py) and never imports apex.

@@ -1,6 +1,8 @@
-"""tools/check_image_requirements.py: the GPU image's pins resolve for CPython 3.12 / manylinux and
-form one stack. The consistency rules run on small hand-made reports (each must catch its fault);
-the slow test resolves the real requirements-gpu.txt against the package index.
+"""tools/check_image_requirements.py: the GPU image's pins add to the SGLang base image without
+contradicting it, resolve for CPython 3.12 / manylinux and form one stack. The rules run on small
+hand-made reports and lock files (each must catch its fault); the slow tests resolve against the
+package index: the file as it was before issue 29 fails (it pinned four packages at versions
+published after the image), today's passes.
 """
 
 from __future__ import annotations
@@ -71,7 +73,31 @@ def test_requirement_file_must_pin_every_line(tmp_path):
     path.write_text("torch==2.14.1  # why\n\n# comment\nnumpy>=2\n")
     with pytest.raises(ValueError, match="'numpy>=2' is not pinned with =="):
         check.read_pins(path)
-    assert check.read_pins(REPO / "requirements-gpu.txt")["sglang"] == "0.5.23"
+    assert check.read_pins(REPO / "requirements-gpu.txt")["megatron-core"] == "0.16.1"
+
+
+def test_lock_files_are_read_by_canonical_name(tmp_path):
+    lock = tmp_path / "lock.txt"
+    lock.write_text("# a header\nPyYAML==6.0.3\n    # via sglang\ntorch==2.14.1 ; sys_platform == 'linux'\n"
+                    "uvicorn[standard]==0.40.0\n")
+    assert check.read_lock(lock) == {"pyyaml": "6.0.3", "torch": "2.14.1", "uvicorn": "0.40.0"}
+
+
+def test_a_pin_the_base_holds_is_refused_naming_the_base_version():
+    base = {"packaging": "26.3", "torch": "2.14.1", "sglang": "0.5.23"}
+    found = check.pins_the_base_decides({"packaging": "26.4", "torch": "2.14.1", "wandb": "0.31.0"}, base)
+    assert len(found) == 2
+    assert found[0].startswith("packaging==26.4 contradicts the base image (sglang==0.5.23 as of 2026-10-31), "
+                               "which holds packaging==26.3: the image build fails (ResolutionImpossible)")
+    assert found[1].startswith("torch==2.14.1 is already in the base image") and "remove the pin" in found[1]
+    assert check.pins_the_base_decides({"wandb": "0.31.0"}, base) == []
+
+
+def test_the_base_the_check_models_is_the_dockerfile_base():
+    dockerfile = (REPO / "Dockerfile").read_text()
+    version = check.BASE_REQUIREMENT.split("==")[1]
+    assert f"ARG SGLANG_IMAGE=lmsysorg/sglang:v{version}\n" in dockerfile
+    assert "-c /tmp/base-image.txt" in dockerfile  # the constraints the check applies too
 
 
 def test_pyproject_gpu_extra_pins_what_the_image_pins():
@@ -79,6 +105,8 @@ def test_pyproject_gpu_extra_pins_what_the_image_pins():
 
     extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
     pins = check.read_pins(REPO / "requirements-gpu.txt")
+    base = check.Requirement(check.BASE_REQUIREMENT)
+    pins[check.canonicalize_name(base.name)] = next(iter(base.specifier)).version
     for line in extra:
         req = check.Requirement(line)
         assert str(req.specifier) == f"=={pins[check.canonicalize_name(req.name)]}", line
@@ -90,8 +118,26 @@ def test_platform_tags_cover_the_glibc_range():
 
 
 @pytest.mark.slow
-def test_image_requirements_resolve_for_python_312_and_form_one_stack():
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "check_image_requirements.py")],
+def test_the_file_before_issue_29_fails_on_the_base_image():
+    """What the image build met at its first RUN: four pins newer than the base's versions."""
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "check_image_requirements.py"),
+                           "--requirements", str(REPO / "tests" / "data" / "requirements-gpu-before-issue-29.txt")],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    for pin, held in (("packaging==26.4", "packaging==26.3"), ("pydantic==2.14.4", "pydantic==2.14.2"),
+                      ("pyyaml==6.0.4", "pyyaml==6.0.3"), ("pyarrow==26.0.1", "pyarrow==26.0.0")):
+        assert f"{pin} contradicts the base image (sglang==0.5.23 as of 2026-10-31), which holds {held}" \
+            in proc.stderr, proc.stderr
+    assert "torch==2.14.1 is already in the base image" in proc.stderr
+
+
+@pytest.mark.slow
+def test_image_requirements_resolve_on_the_base_for_python_312_and_form_one_stack(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "check_image_requirements.py"),
+                           "--base-lock", str(tmp_path / "base.txt")],
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "torch                    2.14.1" in proc.stdout and "nvidia-nccl-cu13         2.30.7" in proc.stdout
+    base = check.read_lock(tmp_path / "base.txt")
+    assert (base["sglang"], base["torch"], base["packaging"], base["pydantic"], base["pyyaml"],
+            base["pyarrow"], base["numpy"]) == ("0.5.23", "2.14.1", "26.3", "2.14.2", "6.0.3", "26.0.0", "2.3.5")

@@ -1,24 +1,36 @@
-"""Resolve the GPU image's pinned Python requirements for CPython 3.12 / manylinux x86_64 and check
-that they form one stack: one torch, one NCCL, Transformer Engine / Megatron-Core / SGLang in step.
+"""Check the GPU image's pinned Python requirements the way the image build meets them: on top of
+SGLang's release image, for CPython 3.12 / manylinux x86_64; and check that they form one stack.
 
     python tools/check_image_requirements.py [--requirements requirements-gpu.txt] [--report out.json]
+                                             [--base-lock out.txt]
 
-Needs only the package index (no GPU, no container registry). A pinned modern pip (``PIP_SPEC``,
-fetched into a temporary folder; pip >= 24 answers ``--dry-run`` from the index's metadata files
-without downloading wheels) runs ``pip install --dry-run --report --only-binary=:all:
---python-version 3.12 --platform manylinux_2_17..2_35_x86_64 --target TMP -r FILE`` with this
-machine's pip configuration ignored. The report's metadata then has to show:
+Needs only the package index (no GPU, no container registry, no Docker). Three steps:
 
-- exactly one torch, at the version sglang pins (its ``Requires-Dist: torch==``);
-- exactly one NCCL wheel, the one torch requires (an ``nvidia-nccl-cu12`` next to ``-cu13`` would
-  be two NCCLs, which cannot form the weight-update group);
-- transformer-engine and its core wheel at one version, inside megatron-core's tested range (its
-  ``dev`` extra), built for torch's CUDA major;
-- every pin of the file resolved to itself (nothing floats);
-- transformer-engine-torch (an sdist, built in the image) published at that version.
+1. **The base.** ``lmsysorg/sglang:v0.5.23`` holds ``sglang==0.5.23`` and its dependencies as they
+   resolved when the image was published. A pinned ``uv`` (``UV_SPEC``, fetched into a temporary
+   folder) models that set: ``uv pip compile`` of ``BASE_REQUIREMENT`` for Python 3.12 /
+   ``x86_64-manylinux_2_34`` with ``--exclude-newer BASE_IMAGE_DATE`` (nothing uploaded after the
+   image). The sglang 0.5.23 wheels were uploaded on 2026-10-30 01:34 UTC.
+2. **No pin on what the base decides.** The Dockerfile installs the file with the base's
+   ``pip list --format=freeze`` as constraints, so a pin of a package the base holds is either
+   redundant or, at another version, ResolutionImpossible at the image's first ``RUN``. Every such
+   pin is reported, naming the base's version; nothing else runs until there are none.
+3. **The image's resolution.** A pinned modern pip (``PIP_SPEC``; pip >= 24 answers ``--dry-run``
+   from the index's metadata files without downloading wheels) runs ``pip install --dry-run
+   --report --only-binary=:all: --python-version 3.12 --platform manylinux_2_17..2_35_x86_64
+   -c BASE_LOCK -r FILE BASE_REQUIREMENT``: the same constraints the Dockerfile applies, with this
+   machine's pip configuration ignored. The report's metadata then has to show:
 
-Exit codes: 0 consistent, 1 a check failed or pip could not resolve (its message is printed),
-2 bad usage.
+   - exactly one torch, at the version sglang pins (its ``Requires-Dist: torch==``);
+   - exactly one NCCL wheel, the one torch requires (an ``nvidia-nccl-cu12`` next to ``-cu13``
+     would be two NCCLs, which cannot form the weight-update group);
+   - transformer-engine and its core wheel at one version, inside megatron-core's tested range
+     (its ``dev`` extra), built for torch's CUDA major;
+   - every pin of the file resolved to itself (nothing floats);
+   - transformer-engine-torch (an sdist, built in the image) published at that version.
+
+Exit codes: 0 consistent, 1 a check failed or a resolver could not resolve (its message is
+printed), 2 bad usage.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -39,7 +52,13 @@ from packaging.version import Version
 
 REPO = Path(__file__).resolve().parent.parent
 PIP_SPEC = "pip==26.3"
+UV_SPEC = "uv==0.13.9"
 PYTHON_VERSION = "3.12"
+BASE_REQUIREMENT = "sglang==0.5.23"
+"""What the base image is built around (``ARG SGLANG_IMAGE`` in the Dockerfile)."""
+BASE_IMAGE_DATE = "2026-10-31"
+"""``--exclude-newer`` for the base: the day after the sglang 0.5.23 wheels' upload."""
+UV_PLATFORM = "x86_64-manylinux_2_34"
 MAX_GLIBC_MINOR = 35  # Ubuntu 22.04's glibc; the SGLang images are at least that new
 
 
@@ -68,18 +87,82 @@ def fetch_pip(folder: Path) -> Path:
     return wheels[0]
 
 
-def resolve(requirements: Path, pip_wheel: Path, workdir: Path) -> dict:
-    """The ``--report`` of a dry-run install of ``requirements`` for the image's Python."""
+def fetch_uv(folder: Path) -> Path:
+    """Download the pinned uv wheel into ``folder`` and return its executable."""
+    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                           "-d", str(folder), UV_SPEC], capture_output=True, text=True)
+    wheels = sorted(folder.glob("uv-*.whl"))
+    if proc.returncode != 0 or not wheels:
+        raise RuntimeError(f"could not download {UV_SPEC}: {proc.stderr.strip()[-2000:]}")
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        member = next((n for n in wheel.namelist() if n.endswith(".data/scripts/uv")), None)
+        if member is None:
+            raise RuntimeError(f"{wheels[0].name} holds no uv executable")
+        binary = Path(wheel.extract(member, folder / "uv"))
+    binary.chmod(0o755)
+    return binary
+
+
+def resolve_base(uv: Path, workdir: Path) -> Path:
+    """The base image's package set as a lock file (``name==version`` lines), modelled by uv."""
+    request = workdir / "base.in"
+    request.write_text(BASE_REQUIREMENT + "\n")
+    lock = workdir / "base-lock.txt"
+    cmd = [str(uv), "pip", "compile", str(request), "--python-version", PYTHON_VERSION,
+           "--python-platform", UV_PLATFORM, "--exclude-newer", BASE_IMAGE_DATE, "--no-config",
+           "--no-header", "--no-annotate", "--quiet", "-o", str(lock)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"uv could not resolve the base image's set ({BASE_REQUIREMENT} as of "
+                           f"{BASE_IMAGE_DATE}):\n{proc.stderr.strip()[-4000:]}")
+    return lock
+
+
+def read_lock(lock: Path) -> Dict[str, str]:
+    """``name -> version`` of a lock file's ``name==version`` lines."""
+    out = {}
+    for raw in lock.read_text().splitlines():
+        line = raw.split("#", 1)[0].split(";", 1)[0].strip()
+        if "==" in line:
+            name, version = line.split("==", 1)
+            out[canonicalize_name(name.split("[", 1)[0])] = version.strip()
+    return out
+
+
+def pins_the_base_decides(pins: Dict[str, str], base: Dict[str, str]) -> List[str]:
+    """One problem for each pin of a package the base image already holds, contradictions first."""
+    where = f"the base image ({BASE_REQUIREMENT} as of {BASE_IMAGE_DATE})"
+    contradictions, redundant = [], []
+    for name, version in sorted(pins.items()):
+        held = base.get(name)
+        if held is None:
+            continue
+        if Version(held) != Version(version):
+            contradictions.append(f"{name}=={version} contradicts {where}, which holds "
+                                  f"{name}=={held}: the image build fails (ResolutionImpossible); "
+                                  f"remove the pin, the base decides it")
+        else:
+            redundant.append(f"{name}=={version} is already in {where}: remove the pin, so that the "
+                             f"base alone decides it")
+    return contradictions + redundant
+
+
+def resolve(requirements: Path, pip_wheel: Path, workdir: Path, base_lock: Optional[Path] = None) -> dict:
+    """The ``--report`` of a dry-run install of ``requirements`` (and the base's own requirement,
+    constrained by its lock, as the Dockerfile does) for the image's Python."""
     report = workdir / "report.json"
     cmd = [sys.executable, str(pip_wheel / "pip"), "install", "--dry-run", "--quiet", "--ignore-installed",
            "--report", str(report), "--only-binary=:all:", "--python-version", PYTHON_VERSION,
            "--implementation", "cp", "--abi", "cp" + PYTHON_VERSION.replace(".", ""),
            *[f"--platform={p}" for p in platforms()], "--target", str(workdir / "target"),
            "-r", str(requirements)]
+    if base_lock is not None:
+        cmd += ["-c", str(base_lock), BASE_REQUIREMENT]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=clean_pip_env())
     if proc.returncode != 0:
-        raise RuntimeError(f"pip could not resolve {requirements.name} for CPython {PYTHON_VERSION} "
-                           f"manylinux x86_64:\n{proc.stderr.strip()[-4000:]}")
+        raise RuntimeError(f"pip could not resolve {requirements.name} on the base image's set for "
+                           f"CPython {PYTHON_VERSION} manylinux x86_64:\n{proc.stderr.strip()[-4000:]}")
     return json.loads(report.read_text())
 
 
@@ -170,6 +253,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requirements", type=Path, default=REPO / "requirements-gpu.txt")
     parser.add_argument("--report", type=Path, help="also write pip's report here")
+    parser.add_argument("--base-lock", type=Path, help="also write the modelled base image's set here")
     return parser.parse_args(argv)
 
 
@@ -182,8 +266,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="gspo-image-check-") as tmp:
         try:
+            lock = resolve_base(fetch_uv(Path(tmp)), Path(tmp))
+            base = read_lock(lock)
+            if args.base_lock:
+                args.base_lock.write_text(lock.read_text())
+            print(f"base image modelled: {len(base)} packages ({BASE_REQUIREMENT} as of {BASE_IMAGE_DATE}, "
+                  f"CPython {PYTHON_VERSION} {UV_PLATFORM}, {UV_SPEC})")
+            clashes = pins_the_base_decides(pins, base)
+            if clashes:
+                for problem in clashes:
+                    print(f"FAILED: {args.requirements.name}: {problem}", file=sys.stderr)
+                return 1
             pip_wheel = fetch_pip(Path(tmp))
-            report = resolve(args.requirements, pip_wheel, Path(tmp))
+            report = resolve(args.requirements, pip_wheel, Path(tmp), base_lock=lock)
             te_torch = published_versions(pip_wheel, "transformer-engine-torch")
         except RuntimeError as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -193,9 +288,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     resolved = Resolved(report)
     problems = check_stack(resolved, pins, te_torch)
     print(f"resolved {len(resolved.meta)} packages for CPython {PYTHON_VERSION} manylinux x86_64 "
-          f"(pip {report.get('pip_version')})")
+          f"(pip {report.get('pip_version')}), the base's set as constraints")
     for name in ("sglang", "torch", "nvidia-nccl-cu13", "megatron-core", "transformer-engine",
-                 "transformer-engine-cu13", "transformers"):
+                 "transformer-engine-cu13", "transformers", "numpy"):
         print(f"  {name:<24} {resolved.version(name)}")
     for problem in problems:
         print(f"FAILED: {problem}", file=sys.stderr)
