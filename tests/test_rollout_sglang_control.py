@@ -21,6 +21,7 @@ from gspo_megatron.rollout.sglang_control import FleetControl
 from gspo_megatron.rollout.sglang_engine import SampleFailed, SGLangEngine
 from gspo_megatron.tiny_task.model import build_tiny_policy
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
+from gspo_megatron.weight_sync.sync import BucketFailed
 from gspo_megatron.weight_sync.tensor_ipc import CudaIpcTransport
 
 PARAMS = SamplingParams(max_new_tokens=5, seed=3, temperature=0.9)
@@ -131,18 +132,20 @@ def test_without_pause_a_running_request_blocks_the_update(fleet, new_policy, mo
     eng, servers = fleet
     _orphan(servers[0])
     _skip(monkeypatch, "pause_generation")
-    with pytest.raises(api.ServerRefused, match="requests still running"):
+    with pytest.raises(BucketFailed, match="bucket 1 .*requests still running") as err:
         _update(eng, new_policy[0], "x")
+    assert isinstance(err.value.reason, api.ServerRefused)
 
 
 def test_without_begin_the_buckets_are_refused(fleet, new_policy, monkeypatch):
     eng, servers = fleet
     _skip(monkeypatch, "begin_weight_update")
-    with pytest.raises(api.ServerRefused) as err:
+    with pytest.raises(BucketFailed, match=r"weight update x: bucket 1 \(") as failed:
         _update(eng, new_policy[0], "x")
-    assert err.value.endpoint == api.UPDATE_FROM_TENSOR and err.value.server in \
-        [s.address for s in servers]
-    assert "must run between begin_weight_update() and end_weight_update()" in str(err.value)
+    err = failed.value.reason
+    assert isinstance(err, api.ServerRefused)
+    assert err.endpoint == api.UPDATE_FROM_TENSOR and err.server in [s.address for s in servers]
+    assert "must run between begin_weight_update() and end_weight_update()" in str(failed.value)
     monkeypatch.undo()  # the failed update was cancelled on the servers: a full one works
     _update(eng, new_policy[0], "y")
     assert {s.weight_version for s in eng.generate(_requests(new_policy[1]), PARAMS)} == {"y"}
@@ -159,7 +162,7 @@ def test_reordered_end_before_buckets_is_refused(fleet, new_policy, monkeypatch)
         return members
 
     monkeypatch.setattr(FleetControl, "begin", begin_then_end)
-    with pytest.raises(api.ServerRefused, match="must run between"):
+    with pytest.raises(BucketFailed, match="must run between"):
         _update(eng, new_policy[0], "x")
 
 
@@ -201,7 +204,7 @@ def test_release_needs_the_pause_and_the_update_needs_the_weights_back(fleet, ne
             eng.release_memory()
     eng.release_memory()  # paused: the orphan is aborted, the servers are idle
     monkeypatch.setattr(SGLangServerClient, "resume_memory", lambda self, *a, **k: None)
-    with pytest.raises(api.ServerRefused, match="weights memory is released"):
+    with pytest.raises(BucketFailed, match="weights memory is released"):
         _update(eng, new_policy[0], "x")
 
 
@@ -241,3 +244,43 @@ def test_flush_is_retried_while_refused_then_fails_naming_the_server():
     with pytest.raises(ServerAuthError):
         control._flush(control.pool.servers[0])
     assert denied.calls == 1
+
+
+def test_cancel_closes_the_session_flushes_and_continues_each_call_within_its_deadline():
+    """After a failed update: end the session, flush (buckets that arrived changed the weights
+    the prefix cache was computed with), continue; every call bounded by ``cancel_timeout_s``,
+    and a server that cannot answer (blocked inside a broadcast) does not stop the others'."""
+    from gspo_megatron.rollout.server_pool import ServerPool
+    from gspo_megatron.rollout.sglang_client import ServerUnavailable
+
+    class Recording(SGLangServerClient):
+        def __init__(self, port, blocked=False):
+            super().__init__(f"127.0.0.1:{port}", keys=None)
+            self.blocked, self.calls = blocked, []
+
+        def _call(self, name, timeout_s):
+            self.calls.append((name, timeout_s))
+            if self.blocked:
+                raise ServerUnavailable(f"{self.address}: timed out", timed_out=True)
+
+        def end_weight_update(self, timeout_s=None):
+            self._call("end", timeout_s)
+
+        def flush_cache(self, timeout_s=None):
+            self._call("flush", timeout_s)
+
+        def continue_generation(self, timeout_s=None):
+            self._call("continue", timeout_s)
+
+    stuck, fine = Recording(1, blocked=True), Recording(2)
+    control = FleetControl(ServerPool([stuck, fine]))
+    control.cancel_timeout_s = 7.0
+    control._session, control.paused = True, True
+    control.cancel()
+    for client in (stuck, fine):
+        assert client.calls == [("end", 7.0), ("flush", 7.0), ("continue", 7.0)]
+    assert not control._session and not control.paused
+    control.released = {"kv_cache"}  # colocated, KV cache released: nothing to flush
+    fine.calls.clear()
+    control.cancel()
+    assert fine.calls == [("continue", 7.0)]

@@ -387,3 +387,47 @@ def test_the_only_server_killed_mid_batch_fails_the_batch_naming_the_sample(mode
     finally:
         eng.shutdown()
         only.stop()
+
+
+def test_a_bucket_refused_by_one_server_ends_the_update_cleanly(model_dir, server, tmp_path):
+    """Issue 29 item 4, against the real server: a fleet of the real SGLang server and a
+    stand-in process in one gloo broadcast group. Bucket 2 is refused by one of them (its
+    session ended, as SGLang refuses it) while the other takes it: the update fails at once
+    naming the server and the bucket, neither server stays paused, in a session or inside the
+    collective, and the next update reaches both (log-probs on both equal the new weights')."""
+    from gspo_megatron.distributed.runtime import free_port
+    from gspo_megatron.rollout.sglang_launcher import ServerLauncher, reference_server_command
+    from tests.weight_sync_faults import assert_refused_bucket_ends_cleanly
+
+    launcher = ServerLauncher(str(tmp_path / "logs"), env={"OMP_NUM_THREADS": "1"})
+    port = free_port()
+    launcher.start(reference_server_command(str(model_dir), port, python=sys.executable),
+                   f"127.0.0.1:{port}")
+    eng = SGLangEngine([server.address, f"127.0.0.1:{port}"], request_timeout_s=120)
+    try:
+        eng.wait_healthy(timeout_s=180)
+        transport = build_transport(WeightSyncConfig(transport="nccl", bucket_bytes=48 * 1024), eng,
+                                    "sglang", mode="disaggregated", master_address="127.0.0.1")
+        seeds = iter(range(50, 60))
+
+        def update(version):
+            policy, _ = build_tiny_policy(seed=next(seeds))
+            eng.update_weights(((n, t.clone()) for n, t in policy.state_dict().items()), version)
+            return policy
+
+        def both_serve(policy, version="after-refusal"):
+            _, tok = build_tiny_policy(seed=0)
+            samples = eng.generate(_requests(tok, n=4), SamplingParams(max_new_tokens=8, seed=7))
+            assert {s.weight_version for s in samples} == {version}
+            with torch.no_grad():
+                _assert_logprobs_match(samples, policy, 1.0)
+
+        both_serve(update("v1"), "v1")
+        for refuser in (server.address, f"127.0.0.1:{port}"):
+            assert_refused_bucket_ends_cleanly(eng, transport, refuser, update, both_serve)
+        original, _ = build_tiny_policy(seed=0)
+        eng.update_weights(((n, t.clone()) for n, t in original.state_dict().items()), "orig")
+    finally:
+        eng.shutdown()
+        launcher.stop()
+    assert server.alive(), server.log_tail()

@@ -4,7 +4,9 @@ Two reference servers run as processes (``python -m ...reference_server``, reque
 disk); the test process is group rank 0 and broadcasts bucketed weights over gloo, as a pipeline
 stage's first rank does. Checks: bit-identical weights after every update, SGLang's call order,
 a refused bucket fails at once (not after the collective's timeout), and a killed server is
-skipped by the next update, which re-forms the group without it.
+skipped by the next update, which re-forms the group without it. One server refusing the Nth
+bucket while the other takes it ends the update cleanly: the error names the server and the
+bucket, no server stays paused, in a session or inside the broadcast, and the next update works.
 """
 
 import json
@@ -25,6 +27,8 @@ from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
 from gspo_megatron.weight_sync import build_transport
 from gspo_megatron.weight_sync.distributed_broadcast import BroadcastTransport
+from gspo_megatron.weight_sync.sync import BucketFailed
+from tests.weight_sync_faults import assert_refused_bucket_ends_cleanly
 
 CHECKED = ("lm_head.weight", "model.layers.0.mlp.experts.3.up_proj.weight",
            "model.layers.1.mlp.gate.weight")
@@ -82,12 +86,15 @@ def test_broadcast_sync_to_server_processes(tmp_path, monkeypatch):
         for log in logs:  # the group is formed once, after the first pause and begin
             assert _calls(log) == cycle[:2] + [api.INIT_GROUP] + cycle[2:] + cycle
 
-        # a refused bucket (no session: SGLang then receives nothing) fails at once
+        # a refused bucket (no session: SGLang then receives nothing) fails at once, naming it
         with monkeypatch.context() as m:
             m.setattr(SGLangServerClient, "begin_weight_update", lambda self: "")
             start = time.monotonic()
-            with pytest.raises(api.ServerRefused, match="must run between"):
+            with pytest.raises(BucketFailed, match=r"weight update v3: bucket 1 \(\d+ tensors.*"
+                                                   r"refused /update_weights_from_distributed.*"
+                                                   "must run between") as failure:
                 eng.update_weights(new.state_dict().items(), "v3")
+            assert isinstance(failure.value.reason, api.ServerRefused)
             assert time.monotonic() - start < 30
         eng.update_weights(new.state_dict().items(), "v4")  # the group is re-formed
         _check_weights(eng.clients, new)
@@ -128,5 +135,35 @@ def test_a_server_that_refuses_the_group_fails_the_rendezvous_at_once(tmp_path):
         with pytest.raises(api.ServerRefused, match=rf"{first.group_name}.* exists"):
             second.connect(launcher.addresses)
         assert time.monotonic() - t0 < 10
+    finally:
+        eng.shutdown()
+
+
+@pytest.mark.slow
+def test_a_server_that_refuses_the_nth_bucket_ends_the_update_cleanly(tmp_path):
+    torch.set_num_threads(1)
+    save_tiny_model(*build_tiny_policy(seed=0), str(tmp_path / "m"))
+    launcher = ServerLauncher(str(tmp_path / "logs"), env={"OMP_NUM_THREADS": "1"})
+    for _ in range(2):
+        port = free_port()
+        launcher.start(reference_server_command(str(tmp_path / "m"), port, python=sys.executable),
+                       f"127.0.0.1:{port}")
+    eng = SGLangEngine(launcher.addresses, request_timeout_s=60, launcher=launcher)
+    try:
+        eng.wait_healthy(timeout_s=180)
+        transport = build_transport(WeightSyncConfig(transport="nccl", bucket_bytes=48 * 1024), eng,
+                                    "reference", mode="disaggregated", master_address="127.0.0.1")
+        seeds = iter(range(40, 50))
+
+        def update(version):
+            policy, _ = build_tiny_policy(seed=next(seeds))
+            eng.update_weights(((n, t.clone()) for n, t in policy.state_dict().items()), version)
+            return policy
+
+        update("v1")
+        for refuser in launcher.addresses:
+            assert_refused_bucket_ends_cleanly(eng, transport, refuser, update,
+                                               lambda policy: _check_weights(eng.clients, policy))
+        assert all(p.process.poll() is None for p in launcher.servers)
     finally:
         eng.shutdown()

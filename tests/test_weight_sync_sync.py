@@ -95,3 +95,41 @@ def test_a_refused_begin_stops_every_rank():
     assert eng.calls == [("begin", False)]  # nothing sent, nothing to cancel
     with pytest.raises(RuntimeError, match="refused on the main rank"):
         run_update(None, Sink(Recorder()), iter([]), "v1", TwoRanks())
+
+
+@pytest.mark.parametrize("reason, wrapped", [
+    ("refused", True), ("timeout", True), ("unavailable", True), ("auth", False)])
+def test_a_lost_bucket_is_named_cancelled_and_ends_the_job_with_exit_5(reason, wrapped):
+    """A refusal, a timeout or a dead server inside bucket N: ``BucketFailed`` naming the update,
+    the bucket, its tensors and the server's message, after the update was cancelled; gspo-train
+    maps it to EXIT_ROLLOUT. A wrong key stays ServerAuthError (a configuration error, exit 2)."""
+    import logging
+
+    from gspo_megatron.cli.train import EXIT_CONFIG, EXIT_ROLLOUT, _exit_code
+    from gspo_megatron.rollout import sglang_api as api
+    from gspo_megatron.rollout.sglang_client import ServerAuthError, ServerUnavailable
+    from gspo_megatron.weight_sync.sync import BucketFailed
+
+    errors = {"refused": api.ServerRefused("b:1", api.UPDATE_FROM_DISTRIBUTED, "no session"),
+              "timeout": TimeoutError("bucket broadcast to ['a:1'] did not finish in 5s"),
+              "unavailable": ServerUnavailable("b:1/update_weights_from_distributed: timed out"),
+              "auth": ServerAuthError("b:1", api.UPDATE_FROM_DISTRIBUTED, 401, True)}
+
+    class Failing(Sink):
+        def send_bucket(self, bucket, weight_version=None):
+            if len([c for c in self.engine.calls if c[0] == "bucket"]) == 1:
+                raise errors[reason]
+            super().send_bucket(bucket, weight_version)
+
+    eng = Recorder()
+    with pytest.raises(BucketFailed if wrapped else ServerAuthError) as failure:
+        run_update(eng, Failing(eng), iter_buckets(TENSORS, 64), "v7", Coordinator())
+    assert eng.calls[-1] == ("cancel",)
+    code = _exit_code(failure.value, None, logging.getLogger("test"))
+    if wrapped:
+        assert str(failure.value).startswith("weight update v7: bucket 2 (2 tensors, 0.0 MiB: w2 .. w3) "
+                                             f"failed: {type(errors[reason]).__name__}: ")
+        assert failure.value.index == 2 and failure.value.reason is errors[reason]
+        assert code == EXIT_ROLLOUT
+    else:
+        assert code == EXIT_CONFIG

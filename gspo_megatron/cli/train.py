@@ -155,12 +155,13 @@ def _exit_code(exc: BaseException, run_dir: Path, log: logging.Logger) -> Option
     from gspo_megatron.rollout.sglang_engine import SampleFailed, ServerSetupError
     from gspo_megatron.trainer.run_lock import RunDirLockedError
     from gspo_megatron.trainer.sync_check import WeightsDidNotArrive
+    from gspo_megatron.weight_sync.sync import BucketFailed
 
     bad_input = (ConfigError, DataLoadError, RewardLookupError, RunDirLockedError, CheckpointError,
                  KeyFileError, ServerAuthError, ServerSetupError)
     if isinstance(exc, bad_input):
         code, message = EXIT_CONFIG, str(exc)
-    elif isinstance(exc, (WeightsDidNotArrive, SampleFailed, NoLiveServer)):
+    elif isinstance(exc, (WeightsDidNotArrive, SampleFailed, NoLiveServer, BucketFailed)):
         code, message = EXIT_ROLLOUT, f"rollout servers: {exc}"
     elif isinstance(exc, NonFiniteTrainingError):
         code, message = EXIT_NONFINITE, str(exc)

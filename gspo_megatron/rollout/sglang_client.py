@@ -100,9 +100,10 @@ class SGLangServerClient:
         return api.ServerRefused(self.address, path,
                                  f"HTTP {resp.status_code}: {api.error_message(_json_or_text(resp))}")
 
-    def _control(self, path: str, body: Optional[Dict[str, Any]], method: str = "POST") -> Any:
+    def _control(self, path: str, body: Optional[Dict[str, Any]], method: str = "POST",
+                 timeout_s: Optional[float] = None) -> Any:
         """A control call: 200 or raise ServerRefused (4xx or ``success: false``)."""
-        resp = self.request(method, path, body, self.control_timeout_s)
+        resp = self.request(method, path, body, timeout_s or self.control_timeout_s)
         data = _json_or_text(resp)
         if isinstance(data, dict) and data.get("success") is False:
             raise api.ServerRefused(self.address, path, str(data.get("message", "")))
@@ -144,8 +145,8 @@ class SGLangServerClient:
     def pause_generation(self, mode: str = "abort") -> None:
         self._control(api.PAUSE, api.pause_payload(mode))
 
-    def continue_generation(self) -> None:
-        self._control(api.CONTINUE, {})
+    def continue_generation(self, timeout_s: Optional[float] = None) -> None:
+        self._control(api.CONTINUE, {}, timeout_s=timeout_s)
 
     def abort_request(self, rid: Optional[str] = None, abort_all: bool = False,
                       timeout_s: Optional[float] = None) -> None:
@@ -153,9 +154,9 @@ class SGLangServerClient:
         if resp.status_code != 200:
             raise self._refused(api.ABORT, resp)
 
-    def flush_cache(self) -> None:
+    def flush_cache(self, timeout_s: Optional[float] = None) -> None:
         """Refused (400, text body) while requests run or wait (scheduler.flush_cache)."""
-        self._control(api.FLUSH_CACHE, None)
+        self._control(api.FLUSH_CACHE, None, timeout_s=timeout_s)
 
     def release_memory(self, tags: Optional[Sequence[str]] = None) -> None:
         self._control(api.RELEASE_MEMORY, api.memory_payload(tags))
@@ -167,8 +168,8 @@ class SGLangServerClient:
     def begin_weight_update(self) -> str:
         return str(self._control(api.BEGIN_UPDATE, {}).get("message", ""))
 
-    def end_weight_update(self) -> str:
-        return str(self._control(api.END_UPDATE, {}).get("message", ""))
+    def end_weight_update(self, timeout_s: Optional[float] = None) -> str:
+        return str(self._control(api.END_UPDATE, {}, timeout_s=timeout_s).get("message", ""))
 
     def init_weights_update_group(self, payload: Dict[str, Any]) -> str:
         return str(self._control(api.INIT_GROUP, payload).get("message", ""))

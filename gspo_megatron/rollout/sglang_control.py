@@ -47,6 +47,8 @@ class FleetControl:
         self.pool = pool
         self.flush_timeout_s = flush_timeout_s
         self.flush_retry_s = flush_retry_s
+        self.cancel_timeout_s = 30.0
+        """Per call of :meth:`cancel` (end session, continue) after a failed update."""
         self.weight_version: Optional[str] = None
         self.released: Set[str] = set()
         """Memory tags released on the servers (colocated mode)."""
@@ -129,12 +131,17 @@ class FleetControl:
                 time.sleep(self.flush_retry_s)
 
     def cancel(self) -> None:
-        """Best effort after a failed transfer: close the session and let generation go on."""
+        """Best effort after a failed transfer: close the session, flush the prefix cache (the
+        buckets that did arrive changed the weights its KV was computed with) and let
+        generation go on. Each call waits at most ``cancel_timeout_s``: a server still blocked
+        inside a broadcast cannot answer, and the job's error must not wait for it."""
         for s in self.pool.members:
-            for call in ((s.client.end_weight_update,) if self._session else ()) + \
-                    (s.client.continue_generation,):
+            calls = (s.client.end_weight_update,) if self._session else ()
+            if "kv_cache" not in self.released:
+                calls += (s.client.flush_cache,)
+            for call in calls + (s.client.continue_generation,):
                 try:
-                    call()
+                    call(timeout_s=self.cancel_timeout_s)
                 except (ServerUnavailable, api.ServerRefused) as exc:
                     log.warning("cleanup on %s after a failed weight sync: %s", s.address, exc)
         self._session = False

@@ -71,6 +71,8 @@ class BroadcastTransport(BucketTransport):
             if self.backend == "nccl" else torch.device("cpu")
         self.base_group_name = group_name
         self.timeout_s = timeout_s
+        self.drain_s = 30.0
+        """After a refused bucket: how long the members that took it may take to finish."""
         self.group = None
         self.clients: List[SGLangServerClient] = []
         self._pool: Optional[ThreadPoolExecutor] = None
@@ -166,13 +168,28 @@ class BroadcastTransport(BucketTransport):
             failed = next((f for f in futures if f.done() and f.exception() is not None), None)
             if failed is not None or time.monotonic() > deadline:
                 self._abandon_group()
+                stuck = self._drain(futures)
+                where = (f"; still inside the broadcast: {stuck} (they leave it when their group "
+                         "times out or they restart)" if stuck else "")
                 if failed is not None:
-                    raise failed.exception()
+                    exc = failed.exception()
+                    if stuck and isinstance(exc, api.ServerRefused):
+                        raise api.ServerRefused(exc.server, exc.endpoint, exc.message + where) from exc
+                    raise exc
                 raise TimeoutError(f"bucket broadcast to {[c.address for c in self.clients]} "
-                                   f"did not finish in {self.timeout_s}s")
+                                   f"did not finish in {self.timeout_s}s{where}")
             time.sleep(0.001)
         for f in futures:
             f.result()
+
+    def _drain(self, futures) -> List[str]:
+        """After one member refused a bucket the others may be receiving it: give them
+        ``drain_s`` to finish (gloo delivers to the ranks that joined; NCCL's ring cannot), so
+        that the cancel which follows finds them answering. Returns those still inside."""
+        deadline = time.monotonic() + min(self.drain_s, self.timeout_s)
+        while time.monotonic() < deadline and not all(f.done() for f in futures):
+            time.sleep(0.01)
+        return [c.address for c, f in zip(self.clients, futures) if not f.done()]
 
     def _abandon_group(self) -> None:
         """A collective is left pending: drop the group, re-form a new one next update."""

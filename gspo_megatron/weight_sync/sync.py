@@ -54,6 +54,22 @@ class Coordinator:
 LocalCoordinator = Coordinator
 
 
+class BucketFailed(RuntimeError):
+    """One bucket of a weight update did not arrive (a server refused it, or it timed out). The
+    message names the update, the bucket (1-based, its tensors and bytes) and the transport's
+    reason (which names the server); the update was cancelled on the servers before this was
+    raised, so the job can fail cleanly (``gspo-train`` exit 5)."""
+
+    def __init__(self, weight_version: Optional[str], index: int, bucket: Bucket,
+                 reason: BaseException) -> None:
+        names = bucket.names
+        span = names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}"
+        super().__init__(f"weight update {weight_version}: bucket {index} ({len(names)} tensors, "
+                         f"{bucket.num_bytes / 2**20:.1f} MiB: {span}) failed: "
+                         f"{type(reason).__name__}: {reason}")
+        self.weight_version, self.index, self.reason = weight_version, index, reason
+
+
 class BucketTransport(WeightTransport):
     """Moves buckets into one engine; the loop and the protocol are :func:`run_update`'s."""
 
@@ -131,10 +147,10 @@ def run_update(engine: Optional[RolloutEngine], transport: Optional[BucketTransp
                 coord.barrier()
             coord.last_members = members
         t1 = time.perf_counter()
-        for bucket in buckets:
+        for index, bucket in enumerate(buckets, start=1):
             if coord.is_sender:
                 transport.check_bucket(bucket, members)
-                transport.send_bucket(bucket, weight_version)
+                _send(transport, bucket, weight_version, index)
                 stats.add_bucket(len(bucket.items), bucket.num_bytes)
         coord.barrier()
         if coord.is_main:
@@ -153,3 +169,18 @@ def run_update(engine: Optional[RolloutEngine], transport: Optional[BucketTransp
         engine.metrics.last_weight_sync = stats
     stats.seconds = time.perf_counter() - t0
     return stats
+
+
+def _send(transport: BucketTransport, bucket: Bucket, weight_version: Optional[str], index: int) -> None:
+    """``send_bucket``; a server's refusal or a timeout becomes :class:`BucketFailed` naming the
+    bucket (a wrong key stays ``ServerAuthError``: a configuration error, not a lost bucket)."""
+    from gspo_megatron.rollout.sglang_api import ServerRefused
+    from gspo_megatron.rollout.sglang_client import ServerAuthError, ServerUnavailable
+
+    try:
+        transport.send_bucket(bucket, weight_version)
+    except ServerAuthError:
+        raise
+    except (ServerRefused, ServerUnavailable, TimeoutError) as exc:
+        raise BucketFailed(weight_version, index, bucket, exc) from exc
+
