@@ -50,3 +50,19 @@ def test_rollout_server_without_room_for_a_sequence_is_refused():
     with pytest.raises(ConfigError, match=r"rollout.sglang.tp: 61.1 GB of weights per GPU at "
                                           r"tp=1 .* not one sequence of 9216 tokens"):
         load_fitting_config(CONFIG, ["rollout.sglang.tp=1", "rollout.sglang.mem_fraction_static=0.5"])
+
+
+def test_colocated_generation_phase_names_the_largest_mem_fraction_that_fits():
+    """Colocated, the learner's resident state stays on the GPU while the servers' static pool
+    comes back for generation (planner/colocated.py): at the config's 0.8 it does not fit; the
+    message names the largest mem_fraction_static that does, and that value loads."""
+    with pytest.raises(ConfigError) as info:
+        load_fitting_config(CONFIG, ["rollout.mode=colocated"])
+    msg = str(info.value)
+    assert ("rollout.mode=colocated, phase 'generation (KV cache resumed)': learner resident "
+            "(weights, grads, optimizer) 45.7 GB + SGLang static pool 60.8 GB = 106.5 GB exceeds "
+            "76.0 GB; lower rollout.sglang.mem_fraction_static to at most 0.39") in msg
+    cfg = load_fitting_config(CONFIG, ["rollout.mode=colocated", "rollout.sglang.mem_fraction_static=0.39"])
+    assert cfg.rollout.mode == "colocated"
+    suggestion = msg.split("the planner suggests: ")[1].splitlines()[0].split()
+    load_fitting_config(CONFIG, ["rollout.mode=colocated"] + suggestion)  # the suggestion fits

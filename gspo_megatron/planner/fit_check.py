@@ -5,8 +5,9 @@ the declared GPUs (``load_fitting_config`` = ``config.load_config`` + :func:`che
 Runs when ``plan.gpu_memory_gb`` is set and ``plan.check_fit`` is true (``plan.check_fit=false``
 is the explicit override). The learner's per-GPU peak must fit ``gpu_memory_gb - reserved_gb``;
 with SGLang rollouts, the server's KV cache at ``mem_fraction_static`` must hold at least one
-sequence of ``data.max_prompt_tokens + rollout.max_new_tokens`` tokens. The error names the
-biggest terms and the planner's best layout on the same learner GPUs, as overrides.
+sequence of ``data.max_prompt_tokens + rollout.max_new_tokens`` tokens; colocated, every phase of
+the shared GPU must fit (``colocated.py``). The error names the biggest terms and the planner's
+best layout on the same learner GPUs, as overrides.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import List, Optional
 
 from gspo_megatron.config.load import load_config
 from gspo_megatron.config.validate import ConfigError
+from gspo_megatron.planner.colocated import max_mem_fraction_static
 from gspo_megatron.planner.hardware import GB
 from gspo_megatron.planner.plan import Plan, hardware_from_config, plain_config, plan_config
 
@@ -32,6 +34,21 @@ def fit_problems(plan: Plan, cfg) -> List[str]:
             f"{est.stage}, {est.peak_moment}) exceeds {hw.usable_bytes / GB:.1f} GB "
             f"(plan.gpu_memory_gb={cfg.plan.gpu_memory_gb:g} minus plan.reserved_gb="
             f"{cfg.plan.reserved_gb:g}); biggest terms: {terms}")
+    for phase in plan.colocated:
+        if phase.total_bytes <= hw.usable_bytes:
+            continue
+        terms = " + ".join(f"{name} {b / GB:.1f} GB" for name, b in phase.terms)
+        if phase.name.startswith("generation"):
+            fix = (f"lower rollout.sglang.mem_fraction_static to at most "
+                   f"{math.floor(100 * max_mem_fraction_static(plan.learner, hw)) / 100:.2f}, or "
+                   "shard the learner's state over more GPUs (more EP / TP / PP, or "
+                   "optimizer.cpu_offload=true)")
+        elif phase.name.startswith("weight sync"):
+            fix = "lower rollout.weight_sync.bucket_bytes, or shard the learner's state over more GPUs"
+        else:
+            fix = "see the learner's terms above"
+        problems.append(f"rollout.mode=colocated, phase '{phase.name}': {terms} = "
+                        f"{phase.total_bytes / GB:.1f} GB exceeds {hw.usable_bytes / GB:.1f} GB; {fix}")
     if cfg.rollout.engine == "sglang" and not plan.rollout.fits:
         r, sg = plan.rollout, cfg.rollout.sglang
         problems.append(

@@ -61,6 +61,9 @@ class LearnerEstimate:
     peak_moment: str = "training"
     host_bytes: float = 0.0
     """Optimizer state this rank keeps in host memory (CPU offload)."""
+    resident_bytes: float = 0.0
+    """What stays on the GPU between steps: weights, fp32 grad buffer, the optimizer state on the
+    GPU and FP8 copies (a colocated server's KV cache has to fit beside it)."""
 
     @property
     def training_bytes(self) -> float:
@@ -126,6 +129,7 @@ def _stage_estimate(shape: ModelShape, layout: Layout, precision: Precision, wor
     est = LearnerEstimate(stage=stage, terms=terms,
                           host_bytes=optimizer_total * precision.offload_fraction)
     static = sum(t.bytes for t in terms[:3]) + fp8
+    est.resident_bytes = static
     largest_shard = max(shape.padded_vocab(layout.tp) * shape.hidden_size / layout.tp,
                         pc.total / max(pc.layers, 1)) / (
         layout.dense_shard_group if precision.distributed_optimizer else 1)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from gspo_megatron.planner.activations import MicroBatchShape
+from gspo_megatron.planner.colocated import Phase, colocated_phases
 from gspo_megatron.planner.hardware import GB, Hardware
 from gspo_megatron.planner.learner_memory import LearnerEstimate, Workload, estimate_learner
 from gspo_megatron.planner.model_shape import Layout, ModelShape
@@ -42,6 +43,9 @@ class Plan:
     precision: Precision
     extra_overrides: List[str] = field(default_factory=list)
     """Non-layout overrides this plan needs (optimizer options)."""
+    colocated: List[Phase] = field(default_factory=list)
+    """``rollout.mode=colocated`` with SGLang: each phase of a GPU shared by learner and server
+    (``colocated.py``); empty otherwise."""
 
     @property
     def learner_fits(self) -> bool:
@@ -49,9 +53,14 @@ class Plan:
         return self.learner.peak_bytes <= self.hardware.usable_bytes
 
     @property
+    def colocated_fits(self) -> bool:
+        """Every colocated phase fits the usable memory (true when not colocated)."""
+        return all(p.total_bytes <= self.hardware.usable_bytes for p in self.colocated)
+
+    @property
     def fits(self) -> bool:
-        """Learner fits and a server holds at least one sequence."""
-        return self.learner_fits and self.rollout.fits
+        """Learner fits, a server holds at least one sequence, and (colocated) every phase fits."""
+        return self.learner_fits and self.rollout.fits and self.colocated_fits
 
     @property
     def learner_margin_bytes(self) -> float:
@@ -166,10 +175,12 @@ def plan_layout(cfg, hw: Hardware, layout: Layout, *, recompute: Optional[str] =
     if layout.pp > 1:  # 1F1B bubble: (pp - 1) idle slots per num_micro_batches
         m = work.num_micro_batches
         times = replace(times, learner_s=times.learner_s * (m + layout.pp - 1) / m)
+    colocated = (colocated_phases(learner, rollout, hw, cfg.rollout.weight_sync.bucket_bytes)
+                 if cfg.rollout.mode == "colocated" and cfg.rollout.engine == "sglang" else [])
     return Plan(layout=layout, recompute=recompute, max_tokens_per_micro_batch=max_tokens,
                 learner=learner, rollout=rollout, times=times, hardware=hw,
                 num_servers=num_servers, server_tp=server_tp, precision=precision,
-                extra_overrides=list(extra_overrides or []))
+                extra_overrides=list(extra_overrides or []), colocated=colocated)
 
 
 def plan_config(cfg, hw: Hardware, world_size: Optional[int] = None) -> Plan:

@@ -43,10 +43,24 @@ def describe(plan: Plan, title: str) -> str:
               f"    {'KV cache per GPU (mem_fraction_static)':<48s}{_gb(max(r.kv_cache_bytes, 0))}",
               f"    sequences of {r.seq_len} tokens per server: {r.max_sequences}"
               f"{'' if r.fits else '   DOES NOT FIT'}",
+              *_colocated_lines(plan),
               f"  times per RL step (rough): learner {t.learner_s:.0f} s at MFU, rollout "
               f"{t.rollout_s:.0f} s ({t.rollout_tokens_per_s:,.0f} tokens/s), weight sync "
               f">= {t.weight_sync_floor_s:.1f} s"]
     return "\n".join(lines)
+
+
+def _colocated_lines(plan: Plan) -> List[str]:
+    """Each phase of a GPU shared by learner and server, in the trainer's order."""
+    if not plan.colocated:
+        return []
+    usable = plan.hardware.usable_bytes
+    lines = ["  colocated, per GPU, in the trainer's order (servers released before the learner "
+             "is built):"]
+    for phase in plan.colocated:
+        verdict = "fits" if phase.total_bytes <= usable else "DOES NOT FIT"
+        lines.append(f"    {phase.name:<56s}{_gb(phase.total_bytes)}   {verdict}")
+    return lines
 
 
 def ranking(plans: List[Plan], num_nodes: int) -> str:
@@ -79,5 +93,6 @@ def as_dict(plan: Plan) -> dict:
             "rollout": {"weights_gb": plan.rollout.weights_bytes / GB,
                         "kv_cache_gb": plan.rollout.kv_cache_bytes / GB,
                         "max_sequences": plan.rollout.max_sequences},
+            "colocated_gb": {p.name: p.total_bytes / GB for p in plan.colocated},
             "times_s": {"learner": plan.times.learner_s, "rollout": plan.times.rollout_s,
                         "weight_sync_floor": plan.times.weight_sync_floor_s}}

@@ -43,6 +43,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 from gspo_megatron.rollout import sglang_api as api
 from gspo_megatron.rollout.server_keys import ServerKeys, read_keys
 from gspo_megatron.rollout.embedded import EmbeddedEngine, GeneratedRow
+from gspo_megatron.rollout.reference_memory import LEDGER_ENV, MemoryLedger, OutOfMemory, ServerMemory
 from gspo_megatron.rollout.reference_requests import ContractError, RequestError, parse_generate
 from gspo_megatron.rollout.reference_scheduler import Job, ReferenceScheduler, Refused
 from gspo_megatron.rollout.reference_weights import WeightReceiver
@@ -92,8 +93,10 @@ class ReferenceServer:
                  model_path: str = "", enable_memory_saver: bool = False,
                  context_length: Optional[int] = None, health_timeout_s: float = 20.0,
                  update_idle_timeout_s: float = 600.0, request_log_path: Optional[str] = None,
-                 keys: Optional[ServerKeys] = None) -> None:
+                 keys: Optional[ServerKeys] = None, memory: Optional[ServerMemory] = None) -> None:
         self.engine = engine
+        self.memory = memory
+        """The static pool on a simulated GPU's ledger (``reference_memory.py``); None: untracked."""
         self.keys = keys
         """With keys, SGLang's levels (``srt/utils/auth.py``): the admin key on the management
         endpoints, the ordinary key elsewhere, none on ``/health*`` (``server_keys.for_path``)."""
@@ -236,12 +239,19 @@ class ReferenceServer:
                 return _error("release_memory_occupation should be called only when server is idle.")
             if "kv_cache" in tags:
                 sched.flush()
+            if self.memory is not None:
+                self.memory.release(sorted(set(tags) - sched.released))
             sched.released |= set(tags)
             return 200, None
         missing = sorted(set(tags) - sched.released)
         if missing:
             return _error(f"resume_memory_occupation: {missing} not released "
                           "(a KeyError in SGLang's scheduler)")
+        if self.memory is not None:
+            try:
+                self.memory.resume(sorted(tags))
+            except OutOfMemory as exc:  # SGLang: a CUDA out-of-memory error in its scheduler
+                return _error(f"resume_memory_occupation: out of memory: {exc}")
         sched.released -= set(tags)
         return 200, None
 
@@ -369,6 +379,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--delay-s", type=float, default=0.0)
     p.add_argument("--key-file", default=None,
                    help="JSON {api_key, admin_api_key} (mode 0600): require SGLang's bearer keys")
+    p.add_argument("--memory-ledger", default=os.environ.get(LEDGER_ENV),
+                   help="simulated GPU memory ledger (reference_memory.py); default: $" + LEDGER_ENV)
+    p.add_argument("--mem-fraction-static", type=float, default=0.7,
+                   help="SGLang's flag: the static pool's share of the free memory (ledger only)")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -379,10 +393,15 @@ def main(argv: Optional[List[str]] = None) -> int:
                                             max_batch_size=args.max_batch_size)
     faults = FaultPlan(fail_requests=args.fail_requests, hang_requests=args.hang_requests,
                        exit_on_request=args.exit_on_request, delay_s=args.delay_s)
+    memory = None
+    if args.memory_ledger:
+        weights = sum(t.numel() * t.element_size() for t in engine.model.state_dict().values())
+        memory = ServerMemory(MemoryLedger(args.memory_ledger), f"server:{args.port}", weights,
+                              args.mem_fraction_static)
     server = ReferenceServer(engine, args.host, args.port, faults, args.max_batch_size,
                              model_path=args.model_path, enable_memory_saver=args.enable_memory_saver,
                              context_length=args.context_length, request_log_path=args.request_log,
-                             keys=read_keys(args.key_file) if args.key_file else None)
+                             keys=read_keys(args.key_file) if args.key_file else None, memory=memory)
     log.info("reference server for %s listening on %s", args.model_path, server.address)
     try:
         server.serve_forever()

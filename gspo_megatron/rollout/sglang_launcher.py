@@ -201,6 +201,8 @@ def launch_reference_fleet(cfg, model_path: str, host: str = "127.0.0.1",
     for i in range(cfg.num_servers):
         port = cfg.port + i
         launcher.start(reference_server_command(model_path, port, host,
+                                                extra=["--mem-fraction-static",
+                                                       str(cfg.mem_fraction_static)],
                                                 enable_memory_saver=enable_memory_saver,
                                                 key_file=key_file),
                        f"{host}:{port}")

@@ -142,6 +142,12 @@ def build_parts(cfg, runtime, preemption: Optional[PreemptionFlag] = None) -> Tr
         check_hf_weights(cfg)  # the engine loads model.hf_path first
     engine = _start_engine(cfg, Path(cfg.logging.run_dir)) if runtime.is_main else None
     try:
+        if engine is not None and cfg.rollout.mode == "colocated":
+            # The servers sized their static pool on an empty GPU; the learner is built and runs
+            # its first sync in what they give back (planner/colocated.py). The first sync
+            # resumes only their weights, the KV cache comes back for the first rollout.
+            engine.release_memory()
+            log.info("colocated: the rollout engine released its memory before the learner is built")
         return _build_around_engine(cfg, runtime, preemption, engine)
     except BaseException:
         if engine is not None:  # the engine is a process (or a fleet) of its own

@@ -71,7 +71,8 @@ class GSPOTrainer:
         self.step = 0
         self.overlap = cfg.rollout.overlap_one_step
         self._engine_step: Optional[int] = None  # learner step whose weights the engine serves
-        self._released = False  # colocated: the engine's memory is with the learner
+        # colocated: the engine's memory is with the learner (released at build, trainer/build.py)
+        self._released = cfg.rollout.mode == "colocated" and parts.runtime.is_main
         self.rollouts = RolloutPipeline(
             self._produce, self._prepare, parts.learner, parts.sampler,
             is_main=parts.runtime.is_main, world_size=parts.runtime.world_size,
