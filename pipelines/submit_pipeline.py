@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from pipelines.sbatch import REPO_ROOT, Submission, SubmitError, cancel, submit, write_record
+from gspo_megatron.grid.sbatch import REPO_ROOT, Submission, SubmitError, cancel, submit, write_record
 
 logger = logging.getLogger("submit_pipeline")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import sbatch as sb
+from gspo_megatron.grid import sbatch as sb
 from pipelines import submit_pipeline as sp
 
 

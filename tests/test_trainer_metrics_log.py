@@ -88,6 +88,7 @@ class Wandb:
     project: str = "p"
     entity: str = None
     name: str = None
+    group: str = None
 
 
 def test_wandb_run_continues_when_nothing_was_logged_past_the_checkpoint(tmp_path, fake_wandb):
@@ -133,3 +134,13 @@ def test_real_wandb_offline_continues_the_same_run_id(tmp_path, monkeypatch):
     second.close()
     runs = sorted(p.name for p in (tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(name.endswith(f"-{run_id}") for name in runs)
+
+
+def test_a_grid_point_joins_its_grid_group_in_wandb(tmp_path, fake_wandb):
+    """``gspo-grid submit`` sets logging.wandb.group / name per point: the run carries them."""
+    logger = MetricsLogger(tmp_path, Wandb(name="lr_sweep-p3", group="lr_sweep"),
+                           config_dict={"optimizer": {"lr": 2e-6}})
+    logger.start(None)
+    kwargs = fake_wandb[0].kwargs
+    assert (kwargs["group"], kwargs["name"], kwargs["config"]) == \
+        ("lr_sweep", "lr_sweep-p3", {"optimizer": {"lr": 2e-6}})

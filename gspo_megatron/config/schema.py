@@ -370,6 +370,9 @@ class WandbConfig:
     project: str = "gspo-megatron"
     entity: Optional[str] = None
     name: Optional[str] = None
+    group: Optional[str] = None
+    """Runs of one study share it (``gspo-grid submit`` sets the grid's name), so wandb compares
+    them side by side."""
 
 
 @dataclass

@@ -23,6 +23,7 @@ checkpoints after the current step and exits with 124 so the Slurm script requeu
 from __future__ import annotations
 
 import logging
+import resource
 import time
 from dataclasses import dataclass, replace
 from typing import Dict, Optional
@@ -44,6 +45,14 @@ from gspo_megatron.trainer.rollout_step import ScoredRollout, collect_rollout
 from gspo_megatron.trainer.sft_stop import SftStopRule
 
 log = logging.getLogger(__name__)
+
+
+def peak_memory_gb() -> float:
+    """This rank's peak so far: the GPU allocator's on a GPU, else the process's resident set
+    (what a scaling study compares across its points; ``gspo-grid report`` reads it)."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
 def _any_rank(flag: bool, parts: TrainerParts) -> bool:
@@ -180,6 +189,7 @@ class GSPOTrainer:
         if not self.overlap:  # on-policy: the engine gets this step's weights right away
             metrics.update(self.sync_weights())
         metrics["time/step_s"] = time.perf_counter() - t0
+        metrics["memory/peak_gb"] = peak_memory_gb()
         return metrics
 
     # ---- the run -------------------------------------------------------------------------

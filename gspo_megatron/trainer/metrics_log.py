@@ -107,7 +107,7 @@ class MetricsLogger:
         previous = json.loads(state_path.read_text()).get("id") if state_path.is_file() else None
         run_id = previous if (continue_run and previous) else uuid.uuid4().hex[:12]
         run = wandb.init(project=wandb_cfg.project, entity=wandb_cfg.entity,
-                         name=wandb_cfg.name or self.run_dir.name, mode=mode,
+                         name=wandb_cfg.name or self.run_dir.name, group=wandb_cfg.group, mode=mode,
                          dir=str(self.run_dir), config=self._config_dict, id=run_id,
                          resume="allow")
         state_path.write_text(json.dumps({"id": run_id}))

@@ -1,4 +1,4 @@
-"""Thin helpers shared by the submitters: run ``sbatch --parsable``, cancel, record what was sent.
+"""Thin helpers shared by the submitters (``gspo-grid``, ``pipelines/submit_pipeline.py``): run ``sbatch --parsable``, cancel, record what was sent.
 
 Every submission goes through :func:`submit`, which returns the job id or raises
 :class:`SubmitError` with sbatch's own message, so a submitter can exit with a clear code.
@@ -16,7 +16,17 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 logger = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+
+def _repo_root() -> Path:
+    """The checkout the jobs run from (sbatch runs there; the scripts read GSPO_REPO): $GSPO_REPO,
+    else this source tree when it holds ``slurm/`` (an editable install), else the current one."""
+    if os.environ.get("GSPO_REPO"):
+        return Path(os.environ["GSPO_REPO"]).resolve()
+    tree = Path(__file__).resolve().parents[2]
+    return tree if (tree / "slurm" / "lib.sh").is_file() else Path.cwd()
+
+
+REPO_ROOT = _repo_root()
 Runner = Callable[..., subprocess.CompletedProcess]
 
 
