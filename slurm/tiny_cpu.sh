@@ -5,7 +5,8 @@
 #   sbatch slurm/tiny_cpu.sh [config.overrides ...]
 #   two nodes, learner on one and the server on the other:
 #   sbatch --nodes=2 slurm/tiny_cpu.sh rollout.mode=disaggregated launch.num_learner_nodes=1
-#   in-process engine, no servers: sbatch slurm/tiny_cpu.sh rollout.engine=embedded
+#   in-process engine, no servers:
+#   sbatch slurm/tiny_cpu.sh rollout.engine=embedded rollout.weight_sync.transport=auto
 #   slurm/tiny_cpu.sh --dry-run --nodelist node1 [overrides]
 #
 # Settings as in slurm/gspo_30b.sh. The CPU profile starts from these overrides (yours come after

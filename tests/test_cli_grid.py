@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -53,7 +54,7 @@ def test_submit_checks_writes_submits_and_records(tmp_path, fake_sbatch):
     grid = tmp_path / "sweep"
     assert _submit(grid, "--max-parallel", "1", "--", "trainer.num_steps=3") == 0
     call, env = fake_sbatch.read_text().splitlines()
-    assert call == f"--parsable --array=0-3%1 --output={grid.resolve()}/logs/%x-%A_%a.out {REPO}/slurm/tiny_cpu.sh"
+    assert call == f"--parsable --array=0-3%1 --output={grid.resolve()}/logs/%x-%A_%a.out slurm/tiny_cpu.sh"
     assert env == f"GSPO_CONFIG=configs/tiny_cpu.yaml GSPO_GRID_DIR={grid.resolve()}"
     record = json.loads((grid / "grid.json").read_text())
     assert record["name"] == "sweep" and record["config"] == "configs/tiny_cpu.yaml"
@@ -62,6 +63,17 @@ def test_submit_checks_writes_submits_and_records(tmp_path, fake_sbatch):
         "logging.wandb.group=sweep", "trainer.num_steps=3", "optimizer.lr=4e-4", "algo.loss=grpo",
         "logging.wandb.name=sweep-p3"]
     assert _submit(grid) == cli.EXIT_USAGE  # the directory already holds a grid
+
+
+def test_points_are_checked_with_the_scripts_profile_overrides(tmp_path, fake_sbatch, caplog):
+    """slurm/tiny_cpu.sh sets the broadcast transport, which the embedded engine refuses: the
+    grid fails before sbatch, not in every array task."""
+    assert cli.profile_overrides("slurm/tiny_cpu.sh")[:2] == ["launch.devices_per_node=1",
+                                                               "rollout.engine=reference"]
+    assert cli.profile_overrides("slurm/gspo_30b.sh") == []
+    assert _submit(tmp_path / "g", "--", "rollout.engine=embedded") == cli.EXIT_USAGE
+    assert "rollout.weight_sync.transport: 'nccl' needs server engines" in caplog.text
+    assert _submit(tmp_path / "g", "--", "rollout.engine=embedded", "rollout.weight_sync.transport=auto") == 0
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -105,12 +117,16 @@ def _wait_tasks(cluster, ids, timeout_s=900):
     return {i: cluster.wait(i, timeout_s=timeout_s) for i in ids}
 
 
-def _kill_trainer_of(run_dir: Path, timeout_s=600) -> None:
+def _kill_trainer_of(cluster, task: str, run_dir: Path, timeout_s=600) -> None:
     """SIGKILL the trainer of ``run_dir`` once it logged its first RL step (as an OOM kill would)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if any("reward/mean" in r for r in read_metrics(run_dir)):
             break
+        info = cluster.job(task)
+        if info.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"):
+            logs = "\n".join(p.read_text()[-3000:] for p in run_dir.rglob("*.log"))
+            raise AssertionError(f"{task} ended ({info.get('JobState')}) before its first RL step:\n{logs}")
         time.sleep(0.5)
     else:
         raise AssertionError(f"{run_dir} logged no RL step in {timeout_s}s")
@@ -132,26 +148,28 @@ def test_a_tiny_grid_on_local_slurm_reports_kills_and_resumes(tmp_path):
     from tests.test_slurm_infra import local_slurm
 
     assets = tmp_path / "assets"
-    proc = subprocess.run([sys.executable, "tools/make_tiny_assets.py", str(assets), "--num-train", "64",
-                           "--num-eval", "8"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "tools/make_tiny_assets.py", str(assets), "--num-train", "1000",
+                           "--num-eval", "32"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     grid = tmp_path / "grid"
     common = [f"model.hf_path={assets}/model", f"data.train_path={assets}/data/train.jsonl",
-              f"data.eval_path={assets}/data/eval.jsonl", "trainer.num_steps=3", "trainer.num_sft_steps=2",
-              "trainer.sft_batch_size=8", "trainer.eval_every_steps=3", "batch.num_prompts_per_step=4",
-              "batch.num_mini_batches=1", "rollout.n_samples_per_prompt=2", "rollout.engine=embedded",
+              f"data.eval_path={assets}/data/eval.jsonl", "trainer.num_steps=6", "trainer.num_sft_steps=400",
+              "trainer.sft_batch_size=32", "trainer.eval_every_steps=3", "batch.num_prompts_per_step=8",
+              "batch.num_mini_batches=2", "rollout.n_samples_per_prompt=4", "rollout.engine=embedded",
+              "rollout.weight_sync.transport=auto",
               "checkpoint.save_every_steps=1", "logging.wandb.enabled=true", "logging.wandb.mode=offline",
               "logging.plot=false"]
     with local_slurm(1, 17857) as cluster:
         env = cluster.env()
         run = lambda *args: subprocess.run([sys.executable, "-m", "gspo_megatron.cli.grid", *args],  # noqa: E731
                                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-        proc = run("submit", "--grid-dir", str(grid), "--script", "slurm/tiny_cpu.sh", "--max-parallel", "1",
+        proc = run("submit", "--grid-dir", str(grid), "--name", "tiny_lr_x_loss", "--script", "slurm/tiny_cpu.sh",
+                   "--max-parallel", "1",
                    "--axis", "optimizer.lr=2e-4,4e-4", "--axis", "algo.loss=gspo,grpo", "--", *common)
         assert proc.returncode == 0, proc.stderr
         record = json.loads((grid / "grid.json").read_text())
         first = record["jobs"][0]["job_id"]
-        _kill_trainer_of(grid / "point_0")
+        _kill_trainer_of(cluster, f"{first}_0", grid / "point_0")
         states = _wait_tasks(cluster, [f"{first}_{i}" for i in range(4)])
         assert [s["JobState"] for s in states.values()] == ["FAILED"] + ["COMPLETED"] * 3, states
         proc = run("report", str(grid))
@@ -172,13 +190,20 @@ def test_a_tiny_grid_on_local_slurm_reports_kills_and_resumes(tmp_path):
         table = {int(r["point"]): r for r in csv.DictReader(f)}
     for i in range(4):
         row, want = table[i], summarize(read_metrics(grid / f"point_{i}"), last=5)
-        assert row["state"] == "done" and int(float(row["step"])) == 3, row
-        for key in ("final_accuracy", "best_accuracy", "final_reward", "clip_frac_seq", "s_per_step",
-                    "gen_tokens_per_s", "peak_memory_gb"):
+        assert row["state"] == "done" and int(float(row["step"])) == 6, row
+        for key in ("final_accuracy", "best_accuracy", "final_reward", "clip_frac_seq", "clip_frac_token",
+                    "s_per_step", "gen_tokens_per_s", "peak_memory_gb"):
             assert float(row[key]) == pytest.approx(want[key]), (i, key)
+        assert want["final_reward"] > 0 and want["peak_memory_gb"] > 0.1  # numbers a run produced
         assert row["optimizer.lr"] == record["points"][i]["overrides"][-3].split("=")[1]
         wandb_runs = list((grid / f"point_{i}" / "wandb").glob("offline-run-*"))
         assert wandb_runs, f"point {i} has no offline wandb run"
     md = (grid / "report.md").read_text()
     assert "4 done" in md and (grid / "reward_curves.png").is_file()
     assert (grid / "final_accuracy_vs_optimizer_lr.png").is_file()
+    docs = os.environ.get("GSPO_GRID_DOCS_DIR")  # docs/cluster.md's example report comes from here
+    if docs:
+        out = REPO / docs
+        out.mkdir(parents=True, exist_ok=True)
+        for path in [grid / "report.md", grid / "report.csv", *grid.glob("*.png")]:
+            shutil.copy(path, out / path.name)

@@ -60,3 +60,15 @@ def test_report_files_and_figures(tmp_path):
     assert float(table[0]["final_reward"]) == pytest.approx(0.25)
     for name in ("final_reward_vs_optimizer_lr.png", "final_reward_vs_algo_loss.png", "reward_curves.png"):
         assert (tmp_path / name).stat().st_size > 1000 and f"]({name})" in md
+
+
+def test_the_report_shown_in_cluster_md_is_the_one_the_test_grid_wrote():
+    from tests.test_config import REPO
+
+    table = lambda text: [line for line in text.splitlines() if line.startswith("| ")]  # noqa: E731
+    written = (REPO / "docs" / "grid_example" / "report.md").read_text()
+    shown = (REPO / "docs" / "cluster.md").read_text()
+    assert table(written) and table(written)[0].startswith("| point | optimizer.lr | algo.loss | state |")
+    assert "\n".join(table(written)) in "\n".join(table(shown))
+    for name in ("final_accuracy_vs_optimizer_lr.png", "reward_curves.png"):
+        assert (REPO / "docs" / "grid_example" / name).is_file() and f"(grid_example/{name})" in shown

@@ -364,16 +364,17 @@ def test_grid_job_array_gives_each_task_its_point(slurm1, tmp_path):
     script.write_text(GRID_TASK)
     grid_dir = tmp_path / "grid"
     proc = slurm1.run(sys.executable, "-m", "pipelines.submit_grid", "--grid-dir", str(grid_dir),
-                      "--script", str(script), "--axis", "optimizer.lr=1e-6,2e-6",
+                      "--script", str(script), "--config", "configs/tiny_cpu.yaml",
+                      "--axis", "optimizer.lr=2e-4,4e-4",
                       "--axis", "algo.loss=gspo,grpo", "--max-parallel", "2", "--", "trainer.num_steps=3")
     assert proc.returncode == 0, proc.stderr
     record = json.loads((grid_dir / "grid.json").read_text())
-    job = record["job"]["job_id"]
+    job = record["jobs"][0]["job_id"]
     assert len(record["points"]) == 4
     for point in record["points"]:
         info = slurm1.wait(f"{job}_{point['index']}")
         assert info["JobState"] == "COMPLETED", info
         received = (Path(point["run_dir"]) / "received.overrides").read_text().split()
-        assert received == point["overrides"] and received[0] == "trainer.num_steps=3"
-    assert {tuple(p["overrides"][1:]) for p in record["points"]} == {
-        (f"optimizer.lr={lr}", f"algo.loss={loss}") for lr in ("1e-6", "2e-6") for loss in ("gspo", "grpo")}
+        assert received == point["overrides"] and received[1] == "trainer.num_steps=3"
+    assert {tuple(p["overrides"][2:4]) for p in record["points"]} == {
+        (f"optimizer.lr={lr}", f"algo.loss={loss}") for lr in ("2e-4", "4e-4") for loss in ("gspo", "grpo")}

@@ -64,10 +64,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def script_path(script: str) -> str:
-    if Path(script).is_file():
-        return str(Path(script).resolve())  # sbatch runs from the repository root
-    if (REPO_ROOT / script).is_file():
+    """As given when it lies in the checkout (sbatch runs there), else absolute."""
+    if not Path(script).is_absolute() and (REPO_ROOT / script).is_file():
         return script
+    if Path(script).is_file():
+        return str(Path(script).resolve())
     raise GridError(f"--script: file not found: {script}")
 
 
@@ -78,6 +79,15 @@ def default_config(script: str) -> str:
     if not match:
         raise GridError(f"{script} sets no GSPO_CONFIG default: pass --config")
     return match.group(1)
+
+
+def profile_overrides(script: str) -> List[str]:
+    """The ``GSPO_PROFILE_OVERRIDES=(...)`` a batch script puts before the user's overrides
+    (slurm/tiny_cpu.sh: reference servers, the broadcast transport...), so that each point is
+    checked as the job will load it."""
+    path = Path(script) if Path(script).is_absolute() else REPO_ROOT / script
+    match = re.search(r"GSPO_PROFILE_OVERRIDES=\(([^)]*)\)", path.read_text())
+    return match.group(1).split() if match else []
 
 
 def _config_path(config: str) -> str:
@@ -120,7 +130,8 @@ def submit_new(args) -> int:
         raise GridError(f"the grid has {len(points)} points, more than --max-points={args.max_points}: "
                         "pass --yes to submit it anyway, or fewer axis values")
     points = [p + [f"logging.wandb.name={name}-p{i}"] for i, p in enumerate(points)]
-    check_points(_config_path(config), points, axes)
+    profile = profile_overrides(script)
+    check_points(_config_path(config), [profile + p for p in points], axes)
     write_points(grid_dir, points)
     record = GridRecord(name=name, script=script, config=config, axes={k: v for k, v in axes},
                         points=[{"index": i, "overrides": p, "run_dir": str(grid_dir.resolve() / f"point_{i}")}

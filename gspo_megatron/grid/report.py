@@ -172,8 +172,8 @@ def write_figures(grid_dir: Path, record: GridRecord, rows: Sequence[PointRow], 
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
         if numeric and min(numeric) > 0 and max(numeric) / min(numeric) >= 10:
             ax.set_xscale("log")
-        if not numeric:
-            ax.set_xticks(list(xs.values()), list(xs))
+            ax.minorticks_off()
+        ax.set_xticks(list(xs.values()), list(xs))  # the values as the user wrote them
         ax.set_xlabel(axis)
         ax.set_ylabel(metric)
         ax.set_title(f"{record.name}: {metric} against {axis}")
