@@ -79,7 +79,7 @@ gspo_setup_run_dir() {
   gspo_log "run dir $GSPO_RUN_DIR, nodes ${SLURM_JOB_NODELIST:-?}, restart $GSPO_RESTART"
 }
 
-# Overrides of one grid point (pipelines/submit_grid.py writes one override per line).
+# Overrides of one grid point (gspo-grid submit, gspo_megatron/grid/spec.py, writes one per line).
 gspo_grid_overrides() {
   GSPO_GRID_OVERRIDES=()
   if [[ -n ${GSPO_GRID_DIR:-} && -n ${SLURM_ARRAY_TASK_ID:-} ]]; then
