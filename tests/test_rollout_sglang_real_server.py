@@ -397,7 +397,7 @@ def test_a_bucket_refused_by_one_server_ends_the_update_cleanly(model_dir, serve
     collective, and the next update reaches both (log-probs on both equal the new weights')."""
     from gspo_megatron.distributed.runtime import free_port
     from gspo_megatron.rollout.sglang_launcher import ServerLauncher, reference_server_command
-    from tests.weight_sync_faults import assert_refused_bucket_ends_cleanly
+    from tests.weight_sync_faults import assert_refused_bucket_ends_cleanly, broadcast_updates
 
     launcher = ServerLauncher(str(tmp_path / "logs"), env={"OMP_NUM_THREADS": "1"})
     port = free_port()
@@ -406,14 +406,7 @@ def test_a_bucket_refused_by_one_server_ends_the_update_cleanly(model_dir, serve
     eng = SGLangEngine([server.address, f"127.0.0.1:{port}"], request_timeout_s=120)
     try:
         eng.wait_healthy(timeout_s=180)
-        transport = build_transport(WeightSyncConfig(transport="nccl", bucket_bytes=48 * 1024), eng,
-                                    "sglang", mode="disaggregated", master_address="127.0.0.1")
-        seeds = iter(range(50, 60))
-
-        def update(version):
-            policy, _ = build_tiny_policy(seed=next(seeds))
-            eng.update_weights(((n, t.clone()) for n, t in policy.state_dict().items()), version)
-            return policy
+        transport, update = broadcast_updates(eng, "sglang", first_seed=50)
 
         def both_serve(policy, version="after-refusal"):
             _, tok = build_tiny_policy(seed=0)

@@ -28,7 +28,7 @@ from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
 from gspo_megatron.weight_sync import build_transport
 from gspo_megatron.weight_sync.distributed_broadcast import BroadcastTransport
 from gspo_megatron.weight_sync.sync import BucketFailed
-from tests.weight_sync_faults import assert_refused_bucket_ends_cleanly
+from tests.weight_sync_faults import assert_refused_bucket_ends_cleanly, broadcast_updates
 
 CHECKED = ("lm_head.weight", "model.layers.0.mlp.experts.3.up_proj.weight",
            "model.layers.1.mlp.gate.weight")
@@ -144,22 +144,13 @@ def test_a_server_that_refuses_the_nth_bucket_ends_the_update_cleanly(tmp_path):
     torch.set_num_threads(1)
     save_tiny_model(*build_tiny_policy(seed=0), str(tmp_path / "m"))
     launcher = ServerLauncher(str(tmp_path / "logs"), env={"OMP_NUM_THREADS": "1"})
-    for _ in range(2):
-        port = free_port()
+    for port in (free_port(), free_port()):
         launcher.start(reference_server_command(str(tmp_path / "m"), port, python=sys.executable),
                        f"127.0.0.1:{port}")
     eng = SGLangEngine(launcher.addresses, request_timeout_s=60, launcher=launcher)
     try:
         eng.wait_healthy(timeout_s=180)
-        transport = build_transport(WeightSyncConfig(transport="nccl", bucket_bytes=48 * 1024), eng,
-                                    "reference", mode="disaggregated", master_address="127.0.0.1")
-        seeds = iter(range(40, 50))
-
-        def update(version):
-            policy, _ = build_tiny_policy(seed=next(seeds))
-            eng.update_weights(((n, t.clone()) for n, t in policy.state_dict().items()), version)
-            return policy
-
+        transport, update = broadcast_updates(eng, "reference", first_seed=40)
         update("v1")
         for refuser in launcher.addresses:
             assert_refused_bucket_ends_cleanly(eng, transport, refuser, update,

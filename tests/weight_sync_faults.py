@@ -8,8 +8,26 @@ import time
 
 import pytest
 
+from gspo_megatron.config.schema import WeightSyncConfig
 from gspo_megatron.rollout.sglang_client import SGLangServerClient
+from gspo_megatron.tiny_task.model import build_tiny_policy
+from gspo_megatron.weight_sync import build_transport
 from gspo_megatron.weight_sync.sync import BucketFailed
+
+
+def broadcast_updates(eng, engine_kind: str, first_seed: int):
+    """A gloo broadcast transport on ``eng`` (48 KiB buckets) and ``update(version)``, which
+    sends a new random tiny policy's weights and returns that policy."""
+    transport = build_transport(WeightSyncConfig(transport="nccl", bucket_bytes=48 * 1024), eng,
+                                engine_kind, mode="disaggregated", master_address="127.0.0.1")
+    seeds = iter(range(first_seed, first_seed + 100))
+
+    def update(version):
+        policy, _ = build_tiny_policy(seed=next(seeds))
+        eng.update_weights(((n, t.clone()) for n, t in policy.state_dict().items()), version)
+        return policy
+
+    return transport, update
 
 
 def refuse_bucket_on(transport, client_address: str, index: int):

@@ -77,27 +77,28 @@ def clean_pip_env() -> Dict[str, str]:
     return env
 
 
-def fetch_pip(folder: Path) -> Path:
-    """Download the pinned pip wheel into ``folder`` (with the caller's own pip and settings)."""
+def _download(spec: str, folder: Path) -> Path:
+    """Download the wheel of ``spec`` into ``folder`` (with the caller's own pip and settings)."""
     proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                           "-d", str(folder), PIP_SPEC], capture_output=True, text=True)
-    wheels = sorted(folder.glob("pip-*.whl"))
+                           "-d", str(folder), spec], capture_output=True, text=True)
+    wheels = sorted(folder.glob(spec.split("==")[0] + "-*.whl"))
     if proc.returncode != 0 or not wheels:
-        raise RuntimeError(f"could not download {PIP_SPEC}: {proc.stderr.strip()[-2000:]}")
+        raise RuntimeError(f"could not download {spec}: {proc.stderr.strip()[-2000:]}")
     return wheels[0]
+
+
+def fetch_pip(folder: Path) -> Path:
+    """The pinned pip wheel (run from the wheel file itself)."""
+    return _download(PIP_SPEC, folder)
 
 
 def fetch_uv(folder: Path) -> Path:
     """Download the pinned uv wheel into ``folder`` and return its executable."""
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                           "-d", str(folder), UV_SPEC], capture_output=True, text=True)
-    wheels = sorted(folder.glob("uv-*.whl"))
-    if proc.returncode != 0 or not wheels:
-        raise RuntimeError(f"could not download {UV_SPEC}: {proc.stderr.strip()[-2000:]}")
-    with zipfile.ZipFile(wheels[0]) as wheel:
+    wheel_path = _download(UV_SPEC, folder)
+    with zipfile.ZipFile(wheel_path) as wheel:
         member = next((n for n in wheel.namelist() if n.endswith(".data/scripts/uv")), None)
         if member is None:
-            raise RuntimeError(f"{wheels[0].name} holds no uv executable")
+            raise RuntimeError(f"{wheel_path.name} holds no uv executable")
         binary = Path(wheel.extract(member, folder / "uv"))
     binary.chmod(0o755)
     return binary
