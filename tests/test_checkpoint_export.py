@@ -71,6 +71,15 @@ def test_round_trip_moe_and_dense(tmp_path):
         with torch.no_grad():
             assert torch.equal(model(TOKENS).logits, reference)
         assert AutoTokenizer.from_pretrained(out).convert_tokens_to_ids("t5") == 5
+        # the free-space check's estimate: within a few percent of what was written (sharded)
+        from gspo_megatron.checkpoint.export import hf_export_nbytes
+        from gspo_megatron.checkpoint.meta import model_config_from_meta
+        from gspo_megatron.learner.checkpointing import read_meta
+
+        cfg = model_config_from_meta(read_meta(Path(work) / "mcore"))
+        written = sum(p.stat().st_size for p in out.iterdir())
+        estimate = hf_export_nbytes(cfg, torch.float32, hf_dir)
+        assert abs(estimate - written) < 0.05 * written, (estimate, written)
 
 
 def test_config_json_keeps_source_fields_and_recipe(tmp_path, caplog):

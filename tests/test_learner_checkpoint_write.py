@@ -43,13 +43,12 @@ def test_complete_checkpoint_with_manifest_and_no_helper_process(gloo, tmp_path)
 
     out = tmp_path / "step_000003"
     expected = checkpoint_write._state_nbytes(_state())
-    assert expected == 1_000_000
+    assert expected == 1_000_000 + checkpoint_write.PER_TENSOR_BYTES + len("w") + checkpoint_write.FIXED_BYTES
     checkpoint_write.atomic_save(_state(), out, {"step": 3})
     assert verify_checkpoint(out) == [] and not (tmp_path / "step_000003.partial").exists()
     manifest = json.loads((out / MANIFEST_FILE).read_text())
     assert {"common.pt", ".metadata", "metadata.json", "gspo_meta.json"} <= set(manifest["files"])
-    # The checkpoint is the tensor bytes plus small metadata: the estimate is close.
-    assert expected <= manifest["total_bytes"] < expected * 1.2
+    assert abs(expected - manifest["total_bytes"]) < 0.03 * manifest["total_bytes"]  # one big tensor
     # No spawned Manager (it survived SIGKILL of the trainer): write results stay in-process.
     assert isinstance(filesystem_async._results_queue, queue.Queue)
     assert multiprocessing.active_children() == []
@@ -87,3 +86,20 @@ def test_replacing_a_checkpoint_keeps_one_complete_version(gloo, tmp_path):
     checkpoint_write.atomic_save(_state(), out, {"step": 4, "again": True})
     assert json.loads((out / "gspo_meta.json").read_text())["again"] is True
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000004", "store"]
+
+
+@pytest.mark.parametrize("num, size", [(10, 25_000), (100, 2_500)])
+def test_the_size_estimate_is_close_to_what_is_written(gloo, tmp_path, num, size):
+    """Many small tensors (the tiny MoE's experts) cost more in format than in data: the
+    estimate counts dist_checkpointing's per-record overhead (before: 15% low on the tiny
+    model). Never more than 3% low (the margin covers that), at most 6% high."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    state = {f"w{i}": ShardedTensor.from_rank_offsets(f"decoder.layers.{i}.mlp.experts.weight{i}",
+                                                      torch.zeros(size), replica_id=0)
+             for i in range(num)}
+    state["step"] = 1
+    expected = checkpoint_write._state_nbytes(state)
+    checkpoint_write.atomic_save(state, tmp_path / "c", {"step": 1})
+    written = json.loads((tmp_path / "c" / MANIFEST_FILE).read_text())["total_bytes"]
+    assert -0.03 * written < expected - written < 0.06 * written, (expected, written)

@@ -76,3 +76,25 @@ def test_committed_document_lists_every_case_and_all_are_ok():
     assert (bad, fault) == (len(bad_inputs.CASES), len(all_faults())), "rerun the tool"
     assert bad >= 60 and fault >= 20
     assert ok == total and "**FAIL**" not in text
+
+
+def _rows(text: str, section: str) -> list:
+    part = text.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
+    return [line for line in part.splitlines() if line.startswith("| ") and not line.startswith("| # ")]
+
+
+def test_the_committed_bad_input_rows_are_what_the_code_answers_today(tmp_path):
+    """The table cannot go stale: every bad input runs again here (about 20 s, one process) and
+    its rows must equal the committed ones, message for message. The faults (6 min of trainer
+    runs) are checked by name and procedure; tests/test_reliability_faults.py runs most of them."""
+    from tools.reliability_table import run_all
+
+    results = run_all(Workspace(tmp_path), kinds=("bad",))
+    fresh = _rows(render(results, str(tmp_path), "x", 0.0), "Bad inputs")
+    committed = _rows((REPO / "docs" / "reliability.md").read_text(), "Bad inputs")
+    stale = [(old, new) for old, new in zip(committed, fresh) if old != new]
+    assert len(committed) == len(fresh) and not stale, (
+        "docs/reliability.md is stale: rerun `python tools/reliability_table.py`; first difference:\n"
+        f"  committed: {stale[0][0] if stale else len(committed)}\n  today:     {stale[0][1] if stale else len(fresh)}")
+    faults_doc = _rows((REPO / "docs" / "reliability.md").read_text(), "Faults")
+    assert [row.split(" | ")[1] for row in faults_doc] == [f.name for f in all_faults()]

@@ -37,13 +37,17 @@ SPEC = json.loads(SPEC_PATH.read_text())
 # ---- a small checker for io_struct annotations and api_types JSON types ---------------------
 
 def matches(value, annotation: str) -> bool:
-    """Does a JSON value fit a Python annotation string of io_struct (the cases we send)?"""
+    """Does a JSON value fit a Python annotation string of io_struct (the cases we send)? An
+    annotation this checker does not know fails (it must be taught, not waved through)."""
     node = ast.parse(annotation, mode="eval").body
     if isinstance(node, ast.Name):
-        return {"str": isinstance(value, str), "bool": isinstance(value, bool),
-                "int": isinstance(value, int) and not isinstance(value, bool),
-                "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-                "bytes": isinstance(value, str)}.get(node.id, True)  # bytes travel as base64
+        known = {"str": isinstance(value, str), "bool": isinstance(value, bool),
+                 "int": isinstance(value, int) and not isinstance(value, bool),
+                 "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+                 "bytes": isinstance(value, str),  # bytes travel as base64
+                 "dict": isinstance(value, dict), "list": isinstance(value, list), "Any": True}
+        assert node.id in known, f"annotation {annotation!r}: unknown to the conformance checker"
+        return known[node.id]
     if isinstance(node, ast.Subscript):
         outer = ast.unparse(node.value)
         args = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
@@ -57,9 +61,9 @@ def matches(value, annotation: str) -> bool:
             return value in [ast.literal_eval(a) for a in args]
         if outer == "Union":
             return any(matches(value, ast.unparse(a)) for a in args)
-        if outer == "Dict":
+        if outer in ("Dict", "dict"):
             return isinstance(value, dict)
-    return True
+    raise AssertionError(f"annotation {annotation!r}: unknown to the conformance checker")
 
 
 JSON_TYPES = {"i64": lambda v: isinstance(v, int) and not isinstance(v, bool),
@@ -217,3 +221,11 @@ def test_spec_matches_a_fresh_extraction_from_the_wheel():
 
     wheel = _wheel(Path(__file__).resolve().parents[1] / ".cache" / "wheels")
     assert main([wheel, "--check", str(SPEC_PATH)]) == 0
+
+
+def test_the_annotation_checker_fails_on_what_it_does_not_know():
+    assert matches([1, 2], "Optional[List[int]]") and not matches(["a"], "List[int]")
+    assert matches("abort", "Literal['abort', 'retract']") and not matches("x", "Literal['abort']")
+    for unknown in ("torch.Tensor", "Tuple[int, int]", "MyStruct"):
+        with pytest.raises(AssertionError, match="unknown to the conformance checker"):
+            matches(1, unknown)

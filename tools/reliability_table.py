@@ -53,7 +53,10 @@ preempted (requeue). `gspo-convert` / `gspo-export`: 0, 2, 4 likewise, 1 other.
 
 
 def _cell(text: str, root: str) -> str:
-    text = text.replace(root, "<ws>").replace("|", "\\|").replace("\n", " ")
+    """One table cell: the scratch directory as ``<ws>``, without the case's run-order prefix
+    (``<ws>/017_name`` -> ``<ws>/name``), so a regenerated table differs only where the code did."""
+    text = re.sub(r"<ws>/\d{3}_", "<ws>/", text.replace(root, "<ws>"))
+    text = text.replace("|", "\\|").replace("\n", " ")
     return text if len(text) < 400 else text[:397] + "..."
 
 

@@ -27,8 +27,8 @@ import torch
 
 from gspo_megatron.checkpoint.convert import build_model_chunks
 from gspo_megatron.checkpoint.gather import iter_hf_tensors
-from gspo_megatron.checkpoint.hf_io import (GENERATION_CONFIG, SafetensorsShardWriter,
-                                            copy_hf_assets)
+from gspo_megatron.checkpoint.hf_io import (GENERATION_CONFIG, TOKENIZER_FILES,
+                                            SafetensorsShardWriter, copy_hf_assets)
 from gspo_megatron.checkpoint.mapping import expected_hf_shapes
 from gspo_megatron.checkpoint.meta import (check_target, model_config_from_meta, partial_dir,
                                            publish, resolve_checkpoint)
@@ -129,10 +129,23 @@ def _agree(error: Optional[BaseException], out: Path, what: str) -> None:
         raise OutputWriteError(message)
 
 
-def hf_export_nbytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    """Bytes of the safetensors an export of ``cfg`` in ``dtype`` writes (tensor data only)."""
+SAFETENSORS_ENTRY_BYTES = 64
+"""Header bytes per tensor beyond its name: ``{"dtype":"BF16","shape":[..],"data_offsets":[..]}``."""
+METADATA_BYTES = 8 << 10
+"""config.json, the shard index and what rounding adds."""
+
+
+def hf_export_nbytes(cfg: ModelConfig, dtype: torch.dtype, source_dir: Optional[Path] = None) -> int:
+    """Bytes an export of ``cfg`` in ``dtype`` writes: tensor data, safetensors headers, the
+    metadata files and the tokenizer files copied from ``source_dir``."""
     size = torch.empty((), dtype=dtype).element_size()
-    return sum(int(torch.Size(shape).numel()) * size for shape in expected_hf_shapes(cfg).values())
+    shapes = expected_hf_shapes(cfg)
+    data = sum(int(torch.Size(shape).numel()) * size for shape in shapes.values())
+    headers = sum(len(name) + SAFETENSORS_ENTRY_BYTES for name in shapes)
+    assets = sum((Path(source_dir) / name).stat().st_size
+                 for name in TOKENIZER_FILES + (GENERATION_CONFIG,)
+                 if source_dir is not None and (Path(source_dir) / name).is_file())
+    return data + headers + assets + METADATA_BYTES
 
 
 def write_hf_directory(named_tensors: Iterable[Tuple[str, torch.Tensor]], out: Path,
@@ -147,7 +160,7 @@ def write_hf_directory(named_tensors: Iterable[Tuple[str, torch.Tensor]], out: P
     writer = None
     if _rank() == 0:
         try:
-            check_free_space(out.parent, hf_export_nbytes(cfg, dtype), what)
+            check_free_space(out.parent, hf_export_nbytes(cfg, dtype, source_dir), what)
             writer = SafetensorsShardWriter(partial_dir(out), max_shard_bytes)
         except (OSError, OutputWriteError) as exc:
             error = exc

@@ -58,10 +58,10 @@ def disk_full_mid_write(ws, d):
     return _disk_full(ws, d, "3m", "no space left on", inject=BYPASS_SPACE_CHECK)
 
 
-@fault("Disk full during the final HF export", "3.75 MB tmpfs, checkpoint at the end only: the "
-       "checkpoint fits, the export does not; then 64 MB and rerun")
+@fault("Disk full during the final HF export", "2.75 MB tmpfs, checkpoint at the end only: the "
+       "checkpoint (~2.4 MB) fits, the export (~0.52 MB) does not; then 64 MB and rerun")
 def disk_full_export(ws, d):
-    return _disk_full(ws, d, "3840k", "not enough space for Hugging Face export",
+    return _disk_full(ws, d, "2816k", "not enough space for Hugging Face export",
                       overrides=("checkpoint.save_every_steps=0",))
 
 
@@ -106,17 +106,18 @@ find $MNT | sed 's/^/file: /'
     return " ".join(codes), line, problem
 
 
-@fault("gspo-convert onto a full disk", "--out on a 1 MB tmpfs (the checkpoint is ~0.6 MB + margin)")
+@fault("gspo-convert onto a full disk", "--out on a 512 KB tmpfs (the checkpoint is ~0.67 MB)")
 def convert_disk_full(ws, d):
     return _tool_on_full_disk(ws, d, ["gspo_megatron.cli.convert", "--hf-dir", str(ws.model_dir),
-                                      "--out", str(d / "mnt" / "ckpt")], "not enough space")
+                                      "--out", str(d / "mnt" / "ckpt")], "not enough space",
+                              size="512k")
 
 
-@fault("gspo-export onto a full disk", "--out on a 1 MB tmpfs")
+@fault("gspo-export onto a full disk", "--out on a 384 KB tmpfs (the export is ~0.52 MB)")
 def export_disk_full(ws, d):
     return _tool_on_full_disk(ws, d, ["gspo_megatron.cli.export", "--ckpt",
                                       str(ws.converted_checkpoint()), "--out",
-                                      str(d / "mnt" / "hf")], "not enough space")
+                                      str(d / "mnt" / "hf")], "not enough space", size="384k")
 
 
 @fault("gspo-export, disk fills mid-write", "free-space check bypassed; --out on a 256 KB tmpfs "
