@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,25 +50,52 @@ LAYOUTS = {
 }
 CASES = ["moe_tiny/1proc", "moe_tiny/ep2", "dense_small/1proc", "dense_small/pp2",
          "dense_small/tp2sp", "moe_medium/1proc", "moe_medium/tp2sp", "moe_medium/pp2_uneven"]
+"""The calibration cases (the estimate was written against them)."""
+OUT_OF_SAMPLE = ["dense_small/1proc_bf16", "moe_medium/dp2", "moe_tiny/1proc_seq768",
+                 "dense_small/pp2_micro6"]
+"""Chosen and written down before they were first run (issue 30), reported apart: bf16
+parameters (fp32 main grads and Adam state), DP=2 with the distributed optimizer sharding Adam
+state, sequences of 768 tokens, and PP=2 with 6 micro-batches in flight per rank."""
+LAYOUTS.update({"1proc_bf16": dict(), "dp2": dict(world_size=2), "1proc_seq768": dict(),
+                "pp2_micro6": dict(pp=2)})
 SEQ_LEN, PROMPT_LEN, ROWS, MICRO_PER_RANK = 128, 16, 4, 2
+SHAPES = {"moe_tiny/1proc_seq768": dict(seq_len=768, prompt_len=64, rows=1),
+          "dense_small/pp2_micro6": dict(micro_per_rank=6)}
+"""Per-case micro-batch shape, where it differs from the defaults above."""
 RECOMPUTE = {"dense_small/tp2sp": "selective", "moe_medium/pp2_uneven": "full"}
+DTYPE = {"dense_small/1proc_bf16": "bf16"}
+
+
+def shape(case: str) -> dict:
+    """``seq_len``, ``prompt_len``, ``rows`` (per micro-batch) and ``micro_per_rank`` of a case."""
+    return {**dict(seq_len=SEQ_LEN, prompt_len=PROMPT_LEN, rows=ROWS, micro_per_rank=MICRO_PER_RANK),
+            **SHAPES.get(case, {})}
 
 
 def case_config(case: str) -> GSPOConfig:
     """The learner config of a ``model/layout`` case."""
     model, layout = case.split("/")
+    sh = shape(case)
     cfg = GSPOConfig()
-    cfg.model = ModelConfig(**MODELS[model], **_LOCAL, recompute=RECOMPUTE.get(case, "none"))
+    cfg.model = ModelConfig(**MODELS[model], **dict(_LOCAL, params_dtype=DTYPE.get(case, "fp32")),
+                            recompute=RECOMPUTE.get(case, "none"))
+    cfg.model.max_position_embeddings = max(512, sh["seq_len"])
     cfg.parallel = ParallelConfig(**LAYOUTS[layout])
-    cfg.batch.max_tokens_per_micro_batch = SEQ_LEN * ROWS
+    cfg.batch.max_tokens_per_micro_batch = sh["seq_len"] * sh["rows"]
     cfg.optimizer.lr = 1e-4
+    object.__setattr__(cfg, "_bench_case", case)
     return cfg
 
 
 def world_size(cfg: GSPOConfig) -> int:
-    """Processes the case runs on (the smallest world its layout needs)."""
+    """Processes the case runs on (its world_size, else the smallest its layout needs)."""
     p = cfg.parallel
-    return max(p.tp * p.pp * p.cp, p.ep * p.etp * p.pp)
+    return p.world_size or max(p.tp * p.pp * p.cp, p.ep * p.etp * p.pp)
+
+
+def case_of(cfg: GSPOConfig) -> str:
+    """The case a config was built for (its tag, set by :func:`case_config`)."""
+    return getattr(cfg, "_bench_case", "")
 
 
 def estimate(cfg: GSPOConfig):
@@ -78,9 +106,10 @@ def estimate(cfg: GSPOConfig):
     from gspo_megatron.planner.precision import Precision
 
     layout = Layout.from_parallel_config(cfg.parallel, world_size(cfg))
-    mb = MicroBatchShape(tokens=SEQ_LEN * ROWS, seq_len=SEQ_LEN,
-                         response_tokens=(SEQ_LEN - PROMPT_LEN) * ROWS)
-    work = Workload(mb, MICRO_PER_RANK, recompute=cfg.model.recompute, kernel="local")
+    sh = shape(case_of(cfg))
+    mb = MicroBatchShape(tokens=sh["seq_len"] * sh["rows"], seq_len=sh["seq_len"],
+                         response_tokens=(sh["seq_len"] - sh["prompt_len"]) * sh["rows"])
+    work = Workload(mb, sh["micro_per_rank"], recompute=cfg.model.recompute, kernel="local")
     return estimate_stages(ModelShape.from_model_config(cfg.model), layout,
                            Precision.from_config(cfg, on_gpu=False), work)
 
@@ -96,11 +125,12 @@ def _worker(case: str, out: str) -> None:
 
     torch.set_num_threads(1)
     cfg = case_config(case)
+    sh = shape(case)
     runtime = init_distributed(cfg.parallel, seed=1)
     dp = ps.get_data_parallel_world_size()
-    num_seqs = ROWS * MICRO_PER_RANK * dp
+    num_seqs = sh["rows"] * sh["micro_per_rank"] * dp
     gen = torch.Generator().manual_seed(0)
-    tokens = [torch.randint(0, cfg.model.vocab_size, (SEQ_LEN,), generator=gen)
+    tokens = [torch.randint(0, cfg.model.vocab_size, (sh["seq_len"],), generator=gen)
               for _ in range(num_seqs)]
     adv = [float(i % 3) - 1.0 for i in range(num_seqs)]
     peaks = {}
@@ -109,7 +139,8 @@ def _worker(case: str, out: str) -> None:
 
         learner = Learner(cfg, runtime, total_steps=4)
         peaks["build"] = probe.peak_bytes
-        batch = SequenceBatch(token_ids=tokens, prompt_lens=[PROMPT_LEN] * num_seqs, advantages=adv)
+        batch = SequenceBatch(token_ids=tokens, prompt_lens=[sh["prompt_len"]] * num_seqs,
+                              advantages=adv)
         old = learner.compute_logprobs(batch).logprobs
         peaks["logprobs"] = probe.peak_bytes
         batch.old_logprobs = old
@@ -176,21 +207,38 @@ def main(argv=None) -> int:
         _worker(sys.argv[2], sys.argv[3])
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="*", default=CASES, help=f"default: {' '.join(CASES)}")
+    parser.add_argument("--cases", nargs="*", default=None,
+                        help=f"default: the --set's cases (calibration: {' '.join(CASES)})")
+    parser.add_argument("--set", choices=("calibration", "out-of-sample"), default="calibration",
+                        help=f"out-of-sample: {' '.join(OUT_OF_SAMPLE)}")
+    parser.add_argument("--out", help="also write the table as Markdown here")
     args = parser.parse_args(argv)
+    cases = args.cases or (CASES if args.set == "calibration" else OUT_OF_SAMPLE)
+    start = time.monotonic()
     rows = []
-    for case in args.cases:
+    for case in cases:
         row = compare(case)
         print(json.dumps(row), flush=True)
         rows.append(row)
-    print("\n| model / layout | recompute | rank (stage) | measured peak (MB) | estimate (MB) "
-          "| error |")
-    print("|---|---|---|---|---|---|")
+    table = ["| model / layout | shape | recompute | rank (stage) | measured peak (MB) | estimate (MB) "
+             "| error |", "|---|---|---|---|---|---|---|"]
     for r in rows:
+        sh = shape(r["case"])
+        what = (f"{sh['rows']} x {sh['seq_len']} tokens, {sh['micro_per_rank']} micro/rank, "
+                f"{DTYPE.get(r['case'], 'fp32')}")
         for rank in r["ranks"]:
-            print(f"| {r['case']} | {r['recompute']} | {rank['rank']} ({rank['stage']}) | "
-                  f"{rank['measured_mb']:.2f} | {rank['estimate_mb']:.2f} | "
-                  f"{100 * rank['error']:+.1f}% |")
+            table.append(f"| {r['case']} | {what} | {r['recompute']} | {rank['rank']} ({rank['stage']}) | "
+                         f"{rank['measured_mb']:.2f} | {rank['estimate_mb']:.2f} | "
+                         f"{100 * rank['error']:+.1f}% |")
+    print("\n" + "\n".join(table))
+    if args.out:
+        worst = max((rank for r in rows for rank in r["ranks"]), key=lambda rank: abs(rank["error"]))
+        Path(args.out).write_text(
+            f"# Planner memory, {args.set} cases\n\nWritten by `OMP_NUM_THREADS=1 python "
+            f"benchmarks/bench_planner_memory.py --set {args.set} --out {args.out}` on "
+            f"{time.strftime('%Y-%m-%d')} ({os.cpu_count()} CPU cores; tensor bytes do not depend on "
+            f"the load), {(time.monotonic() - start) / 60:.1f} min. Method: docs/planner.md, "
+            f"section 2. Largest error {100 * worst['error']:+.1f}%.\n\n" + "\n".join(table) + "\n")
     return 0
 
 
