@@ -61,7 +61,8 @@ def _run(assets, run_dir: Path, ledger_path: Path, monkeypatch) -> int:
 
     monkeypatch.setenv(LEDGER_ENV, str(ledger_path))
     return main([str(REPO / "configs" / "tiny_cpu.yaml"), f"model.hf_path={assets.model_dir}",
-                 f"data.train_path={assets.train_path}", f"logging.run_dir={run_dir}",
+                 f"data.train_path={assets.train_path}", f"data.eval_path={assets.eval_path}",
+                 f"logging.run_dir={run_dir}",
                  "logging.wandb.enabled=false", "batch.num_prompts_per_step=4",
                  "rollout.n_samples_per_prompt=4", "batch.num_mini_batches=2",
                  "trainer.num_sft_steps=1", "trainer.sft_batch_size=8", "trainer.eval_every_steps=0",

@@ -57,6 +57,8 @@ class Settings:
     """Runs at once; each gets ``$OMP_NUM_THREADS`` threads if set, else ``max(1, cpus // jobs)``."""
     extra: Sequence[str] = ()
     """Overrides added to every run (e.g. a smaller eval set for a smoke test)."""
+    num_layers: int = 2
+    """Depth of the tiny MoE (``tools/volatility_vs_depth.py`` varies it)."""
 
 
 @dataclass
@@ -83,8 +85,9 @@ def read_rows(run_dir: Path) -> List[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def write_assets(out: Path, num_train: int = 4000, num_eval: int = 200) -> Path:
-    """The 8-expert top-2 tiny Qwen3-MoE, tokenizer and addition data under ``out/assets``."""
+def write_assets(out: Path, num_train: int = 4000, num_eval: int = 200, num_layers: int = 2) -> Path:
+    """The 8-expert top-2 tiny Qwen3-MoE (``num_layers`` deep), tokenizer and addition data under
+    ``out/assets``."""
     from gspo_megatron.tiny_task.assets import make_tiny_assets
     from gspo_megatron.tiny_task.model import TinyModelSpec
     from gspo_megatron.tiny_task.task import AdditionTaskConfig
@@ -92,7 +95,8 @@ def write_assets(out: Path, num_train: int = 4000, num_eval: int = 200) -> Path:
     root = out / "assets"
     if not (root / "model" / "config.json").is_file():
         make_tiny_assets(root, task=AdditionTaskConfig(num_train=num_train, num_eval=num_eval),
-                         spec=TinyModelSpec(num_experts=NUM_EXPERTS, num_experts_per_tok=TOPK))
+                         spec=TinyModelSpec(num_layers=num_layers, num_experts=NUM_EXPERTS,
+                                            num_experts_per_tok=TOPK))
     return root
 
 
@@ -157,7 +161,7 @@ def reproduce(s: Settings) -> Dict[str, Dict[int, List[dict]]]:
     unknown = [v for v in s.variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
-    assets = write_assets(s.out)
+    assets = write_assets(s.out, num_layers=s.num_layers)
     run_all(cold_start_runs(s, assets), s.jobs)
     run_all(rl_runs(s, assets), s.jobs)
     return {v: {seed: read_rows(s.out / v / f"seed{seed}") for seed in s.seeds}
