@@ -424,3 +424,17 @@ def test_a_bucket_refused_by_one_server_ends_the_update_cleanly(model_dir, serve
         eng.shutdown()
         launcher.stop()
     assert server.alive(), server.log_tail()
+
+
+def test_routed_experts_capture_needs_cuda_on_the_cpu_engine(model_dir, tmp_path):
+    """Issue 31 (R3), the evidence: SGLang 0.5.23 started with ``--enable-return-routed-experts``
+    on the CPU engine dies at start. Its routed-experts host buffer is allocated pinned and
+    registered with ``cudaHostRegister`` (``srt/state_capturer/base.py`` -> ``srt/mem_cache/
+    pool_host/common.py: _cuda_host_register``), which needs a CUDA driver. So R3 from the real
+    server cannot be exercised on these machines; if a later SGLang lifts this, this test says so."""
+    srv = RealServer(str(model_dir), tmp_path / "r3.log", extra_args=["--enable-return-routed-experts"])
+    with pytest.raises(AssertionError, match="exited with"):
+        srv.start()
+    log = srv.log_tail(200)
+    assert "_cuda_host_register" in log and "Found no NVIDIA driver" in log, log
+    srv.stop()
