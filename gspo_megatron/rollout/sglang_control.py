@@ -48,7 +48,7 @@ class FleetControl:
         self.flush_timeout_s = flush_timeout_s
         self.flush_retry_s = flush_retry_s
         self.cancel_timeout_s = 30.0
-        """Per call of :meth:`cancel` (end session, continue) after a failed update."""
+        """Per call of :meth:`cancel` (end session, flush, continue) after a failed update."""
         self.weight_version: Optional[str] = None
         self.released: Set[str] = set()
         """Memory tags released on the servers (colocated mode)."""
