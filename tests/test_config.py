@@ -89,8 +89,12 @@ def test_missing_file_and_cycle_are_reported(tmp_path):
       "rollout.weight_sync.disk_dir=/tmp/x"], "through shared memory"),
     (["rollout.embedded_num_threads=0"], "rollout.embedded_num_threads: must be >= 1"),
     (["optimizer.lr=1e-5", "optimizer.min_lr=1e-4"], "optimizer.min_lr: 0.0001 must be <="),
-    (["rollout.overlap_one_step=true", "algo.routing_replay=true", "model.num_experts=4"],
+    (["rollout.overlap_one_step=true", "algo.routing_replay=learner", "model.num_experts=4"],
      "would not survive a checkpoint"),
+    (["algo.routing_replay=sometimes"], "'sometimes' is not one of off, learner, rollout"),
+    (["rollout.embedded_dtype=fp16"], "rollout.embedded_dtype: 'fp16' is not one of fp32, bf16"),
+    (["algo.routing_replay=rollout", "model.arch=qwen3", "model.num_experts=0"],
+     "routing replay needs an MoE model"),
     (["rollout.engine=sglang", "rollout.mode=disaggregated", "rollout.sglang.dp=2"],
      "asserts dp_size == 1"),
     (["parallel.world_size=8", "parallel.tp=2", "parallel.sp=true", "batch.num_prompts_per_step=1",
@@ -127,6 +131,19 @@ def test_inconsistent_layouts_and_settings_are_refused(overrides, message):
 def test_counts_and_rates_outside_their_meaning_are_refused(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(None, ["model.num_experts=4", override])
+
+
+def test_routing_replay_modes_and_the_booleans_of_older_configs():
+    """R3 takes pi_old from either source and survives the overlap (its routing travels with the
+    samples); ``true`` / ``false`` written before R3 still mean R2 / off."""
+    from gspo_megatron.config.schema import routing_replay_mode
+
+    for overrides in (["algo.routing_replay=rollout", "algo.old_logprob_source=rollout"],
+                      ["algo.routing_replay=rollout", "rollout.overlap_one_step=true"]):
+        assert routing_replay_mode(load_config(REPO / "configs" / "tiny_cpu.yaml", overrides).algo) == "rollout"
+    assert routing_replay_mode(load_config(REPO / "configs" / "tiny_cpu.yaml", ["algo.routing_replay=true", "algo.old_logprob_source=learner"]).algo) == "learner"
+    assert routing_replay_mode(load_config(REPO / "configs" / "tiny_cpu.yaml", ["algo.routing_replay=false"]).algo) == "off"
+    assert routing_replay_mode(load_config(REPO / "configs" / "tiny_cpu.yaml").algo) == "off"
 
 
 def test_context_parallel_layouts_are_accepted():

@@ -30,7 +30,9 @@ def test_every_variant_is_a_valid_config_and_starts_from_its_seed_cold_start(tmp
         assert cfg.trainer.num_steps == 5 and cfg.trainer.num_sft_steps == 0
         assert cfg.batch.num_mini_batches == 4 and cfg.model.num_experts == 8
     by_name = {spec.name: load_config(CONFIG, spec.overrides).algo for spec in runs}
-    assert by_name["grpo_replay seed 1"].routing_replay and not by_name["grpo seed 1"].routing_replay
+    assert by_name["grpo_replay seed 1"].routing_replay == "learner"
+    assert by_name["grpo_r3 seed 1"].routing_replay == "rollout"
+    assert by_name["grpo seed 1"].routing_replay == "off"
     assert by_name["grpo seed 2"].clip_eps_low == 0.2 and by_name["gspo_learner seed 2"].clip_eps_low == 3e-4
     assert by_name["gspo_engine seed 1"].old_logprob_source == "rollout"
 

@@ -191,3 +191,144 @@ def test_replay_and_volatility_on_two_processes(single_process, layout):
         # the single process's.
         for key, value in reference["volatility"].items():
             assert result["volatility"][key] == pytest.approx(value, abs=1e-9), (layout, key)
+
+
+# ---- R3: the rollout engine's routing, carried by the batch and replayed -----------------------
+
+def _engine_experts(tokens: torch.Tensor, layer: int, num_experts: int = 4) -> torch.Tensor:
+    """A routing that depends on the token id (so a shifted position shows): int [..., 2]."""
+    first = (tokens + layer) % num_experts
+    second = (first + 1 + (tokens // num_experts) % (num_experts - 1)) % num_experts
+    return torch.stack([first, second], -1)
+
+
+def _with_engine_routing(batch, num_layers: int = 2):
+    """Every sequence's routed experts as an engine would send them: positions 0 .. len - 2."""
+    batch.routed_experts = [
+        torch.stack([_engine_experts(torch.as_tensor(ids)[:-1], layer) for layer in range(num_layers)],
+                    1).to(torch.int16) for ids in batch.token_ids]
+    batch.__post_init__()
+    return batch
+
+
+def _calls_follow_the_engine(learner, seen: list, batch, calls_per_mb: int) -> bool:
+    """Router call ``k * layers + l`` of micro-batch ``k`` picked, at every response position,
+    exactly the experts the engine sent for that token and layer."""
+    sp = learner.cfg.parallel.tp if learner.cfg.parallel.sp else 1
+    rank = learner.tp_rank if sp > 1 else 0
+    mbs = learner.plan(batch).micro_batches
+    if len(seen) != len(mbs) * calls_per_mb:
+        return False
+    for k, mb in enumerate(mbs):
+        where = router_token_index(tuple(mb.tokens.shape), mb.response_positions, sp, rank)
+        token = mb.tokens.reshape(-1)[mb.response_positions[_sp_mine(mb, sp, rank)]]
+        for layer in range(calls_per_mb):
+            used = seen[k * calls_per_mb + layer][where]
+            wanted = torch.zeros_like(used).scatter_(1, _engine_experts(token, layer), True)
+            if not torch.equal(used, wanted):
+                return False
+    return True
+
+
+def _sp_mine(mb, sp: int, rank: int) -> torch.Tensor:
+    """Which of ``mb.response_positions`` this SP rank routes (its column shard)."""
+    length = mb.tokens.shape[1]
+    col = mb.response_positions % length
+    return (col // (length // sp)) == rank if sp > 1 else torch.ones_like(col, dtype=torch.bool)
+
+
+def _rollout_replay(rank: int, layout: dict, root: str) -> dict:
+    from gspo_megatron.algorithms.losses import get_policy_loss
+    from gspo_megatron.distributed.runtime import init_distributed
+    from gspo_megatron.learner.learner import Learner
+
+    cfg = tiny_cfg(**layout)
+    cfg.batch.max_tokens_per_micro_batch = 48  # 3 rows per micro-batch: [s, b] order matters
+    learner = Learner(cfg, init_distributed(cfg.parallel, seed=3), total_steps=10)
+    learner.load_weights(f"{root}/init")  # the single-process fixture's weights
+    batch = _with_engine_routing(make_batch(0))
+    natural = learner.compute_logprobs(batch).logprobs
+    tape = learner.rollout_routing(batch)
+    seen, handles = _routing_maps(learner)
+    replayed = learner.compute_logprobs(batch, replay=tape).logprobs
+    old_pass_exact = _calls_follow_the_engine(learner, seen, batch, cfg.model.num_layers)
+    seen.clear()
+    learner.forward_backward(_with_engine_routing(make_batch(0, old=replayed)),
+                             get_policy_loss("gspo"), routing=tape)
+    train_pass_exact = _calls_follow_the_engine(learner, seen, batch, cfg.model.num_layers)
+    for h in handles:
+        h.remove()
+    router_grad, expert_grad = _grad_norms(learner)
+    changed = sum(not torch.allclose(a, b, atol=1e-6) for a, b in zip(natural, replayed))
+    return {"old_pass_exact": old_pass_exact, "train_pass_exact": train_pass_exact,
+            "router_grad": router_grad, "expert_grad": expert_grad, "changed": changed,
+            "replayed": [t.tolist() for t in replayed]}
+
+
+def _check_rollout_replay(result: dict, where: str) -> None:
+    assert result["old_pass_exact"] and result["train_pass_exact"], where
+    assert result["router_grad"] > 0 and result["expert_grad"] > 0, where
+    assert result["changed"] >= 1, f"{where}: the engine's routing changed no log-prob"
+
+
+@pytest.fixture(scope="module")
+def rollout_replay_one_process(single_process):
+    root, _ = single_process
+    return root, run_on_ranks(_rollout_replay, world_size=1, timeout_s=600, layout={}, root=root)[0]
+
+
+@pytest.mark.slow
+def test_rollout_routing_is_replayed_token_for_token_and_gradients_flow(rollout_replay_one_process):
+    _, result = rollout_replay_one_process
+    _check_rollout_replay(result, "1 process")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [dict(ep=2), dict(tp=2, sp=True)], ids=["ep2", "tp2_sp"])
+def test_rollout_routing_replay_on_two_processes(rollout_replay_one_process, layout):
+    root, reference = rollout_replay_one_process
+    results = run_on_ranks(_rollout_replay, world_size=2, timeout_s=600, layout=layout, root=root)
+    for rank, result in enumerate(results):
+        _check_rollout_replay(result, f"{layout} rank {rank}")
+        # the same routing, split over ranks, gives the single process's log-probs
+        for got, want in zip(result["replayed"], reference["replayed"]):
+            assert got == pytest.approx(want, abs=1e-5), (layout, rank)
+
+
+def test_rollout_tape_cuts_the_engine_routing_in_router_order_per_sp_rank():
+    """[R, S] rows, routing laid out like the tokens -> per layer [s * R + b] (SP: a column
+    shard per rank); the filler of padding stays where the tokens' padding is."""
+    from gspo_megatron.learner.batch import SequenceBatch, build_row_micro_batch
+    from gspo_megatron.learner.routing import rollout_tape
+
+    batch = _with_engine_routing(SequenceBatch(token_ids=[[5, 6, 7, 8], [9, 10, 11]],
+                                               prompt_lens=[2, 1], advantages=[1.0, -1.0]))
+    mb = build_row_micro_batch(batch, [0, 1], num_rows=2, row_len=4)
+    assert mb.routing.shape == (2, 4, 2, 2)
+    assert mb.routing[0, :3].tolist() == batch.routed_experts[0].tolist()
+    assert mb.routing[1, :2].tolist() == batch.routed_experts[1].tolist()
+    assert mb.routing[1, 2:].tolist() == [[[0, 1]] * 2] * 2  # last token and padding: filler
+    tape = rollout_tape([mb], [[0, 1]])
+    layer1 = tape.indices[0][0][1]
+    assert layer1.shape == (8, 2)
+    assert layer1[1 * 2 + 0].tolist() == _engine_experts(torch.tensor(6), 1).tolist()  # s1, b0
+    assert layer1[1 * 2 + 1].tolist() == _engine_experts(torch.tensor(10), 1).tolist()  # s1, b1
+    shard = rollout_tape([mb], [[0, 1]], sp_size=2, sp_rank=1).indices[0][0][1]
+    assert torch.equal(shard, layer1[4:])  # columns 2-3 of both rows
+    assert rollout_tape([mb], [[1]]).indices[0][0][0].tolist() == layer1.tolist()  # a PP stage
+    with pytest.raises(RuntimeError, match="routes layer 2"):
+        rollout_tape([mb], [[2]])
+
+
+def test_a_batch_whose_routing_does_not_fit_its_sequences_is_refused():
+    from gspo_megatron.learner.batch import SequenceBatch
+
+    good = _with_engine_routing(SequenceBatch(token_ids=[[5, 6, 7, 8]], prompt_lens=[2],
+                                              advantages=[1.0]))
+    with pytest.raises(ValueError, match=r"routed_experts\[0\]: shape \(4, 2, 2\) for a sequence "
+                                         r"of 4 tokens; expected \[3, layers, top_k\]"):
+        SequenceBatch(token_ids=[[5, 6, 7, 8]], prompt_lens=[2], advantages=[1.0],
+                      routed_experts=[torch.zeros(4, 2, 2, dtype=torch.int16)])
+    with pytest.raises(ValueError, match="1 entries for 2 sequences"):
+        SequenceBatch(token_ids=[[5, 6, 7, 8]] * 2, prompt_lens=[2, 2], advantages=[1.0, 1.0],
+                      routed_experts=good.routed_experts)

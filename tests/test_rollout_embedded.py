@@ -133,3 +133,48 @@ def test_should_stop_aborts_rows(policy):
     assert rows[0].finish_reason == "abort" and rows[0].tokens == []
     assert rows[1].finish_reason in ("stop", "length") and len(rows[1].tokens) >= 1
     assert len(calls) == len(rows[1].tokens)
+
+
+def _hf_routing(model, ids) -> torch.Tensor:
+    """Top-k experts of every layer for every position of ``ids`` through the HF forward."""
+    logits = []
+    hooks = [layer.mlp.gate.register_forward_hook(lambda m, a, out: logits.append(out))
+             for layer in model.model.layers]
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([ids]))
+    finally:
+        for h in hooks:
+            h.remove()
+    top_k = model.config.num_experts_per_tok
+    return torch.stack([torch.topk(x.float(), top_k, dim=-1).indices for x in logits], 1)
+
+
+def test_recorded_routing_is_the_models_own_for_every_fed_position(policy):
+    """R3: positions 0 .. P + R - 2 (the last token is never fed back), as SGLang returns them,
+    for responses that stop, run out of length or are cut; recording changes no sample."""
+    model, tok = policy
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=5)
+    plain = EmbeddedEngine(model, tok).generate(_requests(tok, n=3), params)
+    recorded = EmbeddedEngine(model, tok, record_routing=True).generate(_requests(tok, n=3), params)
+    assert [s.response_token_ids for s in recorded] == [s.response_token_ids for s in plain]
+    assert plain[0].routed_experts is None
+    assert {s.finish_reason for s in recorded} == {"stop", "length"}
+    for s in recorded:
+        ids = s.prompt_token_ids + s.response_token_ids
+        assert s.routed_experts.dtype == torch.int16
+        assert s.routed_experts.shape == (len(ids) - 1, model.config.num_hidden_layers, 2)
+        assert torch.equal(s.routed_experts.long(), _hf_routing(model, ids[:-1])), s.key
+    eng = EmbeddedEngine(model, tok, record_routing=True)
+    cut = iter([[False, False], [False, False], [True, False]] + [[True, False]] * 8)
+    rows = eng.generate_token_ids([tok("1+1=")["input_ids"]] * 2, [2, 3],  # 6 tokens unless cut
+                                  SamplingParams(max_new_tokens=6), should_stop=lambda: next(cut))
+    assert rows[0].finish_reason == "abort" and len(rows[0].tokens) == 2
+    ids = tok("1+1=")["input_ids"] + rows[0].tokens
+    assert torch.equal(rows[0].routing.long(), _hf_routing(model, ids[:-1]))
+
+
+def test_recording_routing_needs_the_lean_moe_decoder(policy):
+    model, tok = policy
+    with pytest.raises(ValueError, match="lean Qwen3-MoE decoder: lean_decode is off"):
+        EmbeddedEngine(model, tok, lean_decode=False, record_routing=True)

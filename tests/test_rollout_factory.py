@@ -17,6 +17,26 @@ def test_embedded_from_model_and_from_directory(tmp_path):
     assert isinstance(build_engine(RolloutConfig(), model_path=str(tmp_path)), EmbeddedEngine)
 
 
+def test_embedded_engine_in_bf16_recording_routing(tmp_path):
+    """``rollout.embedded_dtype=bf16`` (a bf16 engine beside the fp32 learner) and R3's routing
+    shape reach the engine built from a directory."""
+    import torch
+
+    from gspo_megatron.rollout.routed_experts import RoutingShape
+    from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
+
+    model, tok = build_tiny_policy(seed=1)
+    save_tiny_model(model, tok, str(tmp_path))
+    eng = build_engine(RolloutConfig(embedded_dtype="bf16"), model_path=str(tmp_path),
+                       routing_shape=RoutingShape(2, 2, 4))
+    assert eng.model.dtype == torch.bfloat16 and eng.record_routing
+    sample = eng.generate([GenerationRequest("p", tok("1+1=")["input_ids"])],
+                          SamplingParams(max_new_tokens=3, seed=1))[0]
+    assert sample.routed_experts.shape[0] == len(sample.prompt_token_ids) + len(
+        sample.response_token_ids) - 1
+    assert all(lp <= 0.0 for lp in sample.response_logprobs)
+
+
 def test_clear_errors():
     with pytest.raises(ValueError, match="hf_path"):
         build_engine(RolloutConfig(engine="embedded"))
@@ -53,7 +73,8 @@ def test_rollout_package_never_imports_megatron():
 def test_reference_fleet_is_launched_with_the_memory_saver_in_colocated_mode(monkeypatch):
     seen = {}
 
-    def from_config(cfg, model_path, log_dir, enable_memory_saver, launch, key_file=None):
+    def from_config(cfg, model_path, log_dir, enable_memory_saver, launch, key_file=None,
+                    routing_shape=None):
         seen.update(saver=enable_memory_saver, launch=launch.__name__)
         return "engine"
 

@@ -13,7 +13,9 @@ from gspo_megatron.rollout.types import SamplingParams
 def test_generate_payload_has_exactly_the_documented_fields():
     body = api.generate_payload("r1", [5, 6], SamplingParams(temperature=0.6, top_p=0.8,
                                 max_new_tokens=9, stop=("##",), stop_token_ids=(2,)), seed=42)
-    assert set(body) == api.GENERATE_FIELDS
+    assert set(body) == api.GENERATE_FIELDS - {"return_routed_experts"}
+    r3 = api.generate_payload("r1", [5, 6], SamplingParams(), seed=42, return_routed_experts=True)
+    assert set(r3) == api.GENERATE_FIELDS and r3["return_routed_experts"] is True
     assert body["input_ids"] == [5, 6] and body["return_logprob"] is True and body["stream"] is False
     assert body["sampling_params"] == {"temperature": 0.6, "top_p": 0.8, "max_new_tokens": 9,
                                        "stop": ["##"], "stop_token_ids": [2], "sampling_seed": 42,

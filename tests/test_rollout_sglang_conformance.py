@@ -80,10 +80,17 @@ def check_request(method: str, path: str, body) -> None:
     endpoint = SPEC["endpoints"].get(path)
     assert endpoint is not None, f"{path} is not an endpoint of SGLang {VERSION}"
     assert method in endpoint["methods"], f"{method} {path}: SGLang allows {endpoint['methods']}"
-    if path == api.GENERATE:  # the JSON contract gate (api_types) is what parses it
+    if path == api.GENERATE:
+        # http_server.generate_request: the JSON contract gate (api_types.GenerateRequest) checks
+        # the fields it knows and ignores the rest; the handler's GenerateReqInput is what is
+        # served, so a field outside the contract (return_routed_experts) must be one of its.
         contract = SPEC["json_contract"]["GenerateRequest"]["fields"]
+        served = SPEC["request_types"]["GenerateReqInput"]["fields"]
         for key, value in body.items():
-            assert key in contract, f"/generate field {key!r} would be ignored by SGLang"
+            if key not in contract:
+                assert key in served, f"/generate field {key!r} would be ignored by SGLang"
+                assert matches(value, served[key]["type"]), f"/generate {key}={value!r}"
+                continue
             assert JSON_TYPES[contract[key]](value), f"/generate {key}={value!r} is not {contract[key]}"
         sampling = SPEC["json_contract"]["SamplingParams"]["fields"]
         for key, value in body.get("sampling_params", {}).items():
@@ -126,6 +133,8 @@ def test_every_body_builder_conforms():
     sp = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=5, stop=("x",), stop_token_ids=(2,))
     bodies = [
         ("POST", api.GENERATE, api.generate_payload("r", [1, 2], sp, seed=3)),
+        ("POST", api.GENERATE, api.generate_payload("r", [1, 2], sp, seed=3,
+                                                    return_routed_experts=True)),  # R3
         ("POST", api.PAUSE, api.pause_payload()), ("POST", api.CONTINUE, {}),
         ("POST", api.ABORT, api.abort_payload("r")), ("POST", api.ABORT, api.abort_payload(abort_all=True)),
         ("POST", api.BEGIN_UPDATE, {}), ("POST", api.END_UPDATE, {}), ("POST", api.FLUSH_CACHE, None),
@@ -188,7 +197,10 @@ def test_the_stand_in_mirrors_sglang():
     assert list(api.SGLANG_SAMPLING_FIELDS) == order  # also the order of the 400 message
     assert SPEC["json_contract"]["SamplingParams"]["unknown_keys"] == "rejected"
     assert api.SAMPLING_FIELDS <= set(order)
-    assert api.GENERATE_FIELDS <= set(SPEC["json_contract"]["GenerateRequest"]["fields"])
+    served = set(SPEC["json_contract"]["GenerateRequest"]["fields"])
+    served |= set(SPEC["request_types"]["GenerateReqInput"]["fields"])  # past the contract gate
+    assert api.GENERATE_FIELDS <= served
+    assert SPEC["json_contract"]["GenerateRequest"]["unknown_keys"] == "ignored"
     assert list(api.MEMORY_TAGS) == SPEC["memory_tags"]
     mode = SPEC["request_types"]["PauseGenerationReqInput"]["fields"]["mode"]["type"]
     assert set(api.PAUSE_MODES) == set(re.findall(r"'(\w+)'", mode))

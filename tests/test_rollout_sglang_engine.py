@@ -63,7 +63,7 @@ def test_client_sends_documented_fields_and_spreads_load(policy, batch, expected
         bodies = [b for s in servers for _, p, b in s.request_log if p == api.GENERATE]
         assert len(bodies) == 12 and all(s.request_log for s in servers)
         for b in bodies:
-            assert set(b) == api.GENERATE_FIELDS
+            assert set(b) == api.GENERATE_FIELDS - {"return_routed_experts"}  # R3 off
             assert set(b["sampling_params"]) <= api.SAMPLING_FIELDS
             assert b["return_logprob"] is True and isinstance(b["sampling_params"]["sampling_seed"], int)
         assert len({b["rid"] for b in bodies}) == 12
@@ -255,3 +255,39 @@ def test_colocated_runs_refuse_attached_servers_without_the_memory_saver():
     finally:
         plain.stop()
         saver.stop()
+
+
+def test_routed_experts_come_with_every_sample_only_from_servers_that_capture_them(policy, batch):
+    """R3 through the HTTP API: the request asks, a server started with the capture flag answers
+    with the same routing the embedded engine records; one without it leaves the field out (as
+    SGLang does), which is a clear error naming the server, not a retry."""
+    from gspo_megatron.rollout.routed_experts import MalformedRouting, RoutingShape
+
+    model, tok = policy
+    shape = RoutingShape(model.config.num_hidden_layers, model.config.num_experts_per_tok,
+                         model.config.num_experts)
+    expected = EmbeddedEngine(model, tok, record_routing=True).generate(batch, PARAMS)
+    capturing = ReferenceServer(EmbeddedEngine(model, tok, record_routing=True)).start()
+    plain = ReferenceServer(EmbeddedEngine(model, tok)).start()
+    engines = []
+    try:
+        eng = SGLangEngine([capturing.address], request_timeout_s=60)
+        eng.routing_shape = shape
+        engines.append(eng)
+        samples = eng.generate(batch, PARAMS)
+        _assert_same(samples, expected)
+        for got, want in zip(samples, expected):
+            assert torch.equal(got.routed_experts, want.routed_experts), got.key
+        bodies = [b for _, p, b in capturing.request_log if p == api.GENERATE]
+        assert all(b["return_routed_experts"] is True for b in bodies)
+        eng = SGLangEngine([plain.address], request_timeout_s=60)
+        eng.routing_shape = shape
+        engines.append(eng)
+        with pytest.raises(MalformedRouting, match=f"{plain.address}, request p0/\\d/0: the answer has "
+                                                   "no meta_info.routed_experts.*--enable-return"):
+            eng.generate(batch[:1], PARAMS)
+    finally:
+        for e in engines:
+            e.shutdown()
+        capturing.stop()
+        plain.stop()

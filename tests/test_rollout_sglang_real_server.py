@@ -438,3 +438,25 @@ def test_routed_experts_capture_needs_cuda_on_the_cpu_engine(model_dir, tmp_path
     log = srv.log_tail(200)
     assert "_cuda_host_register" in log and "Found no NVIDIA driver" in log, log
     srv.stop()
+
+
+def test_a_server_without_the_capture_takes_the_r3_request_and_our_client_refuses_its_answer(
+        engine, server):
+    """What the real server does with ``return_routed_experts`` when it captures nothing: the
+    request passes the JSON contract gate (the field is GenerateReqInput's, outside the
+    contract, which ignores unknown keys) and is answered without ``routed_experts``; the
+    client turns that into a clear error naming the server and the missing flag."""
+    from gspo_megatron.rollout import sglang_api as api
+    from gspo_megatron.rollout.routed_experts import MalformedRouting, RoutingShape
+
+    _, tok = build_tiny_policy(seed=0)
+    body = api.generate_payload("r3", tok("1+2=")["input_ids"], SamplingParams(max_new_tokens=3),
+                                None, return_routed_experts=True)
+    resp = engine.clients[0].request("POST", api.GENERATE, body)
+    assert resp.status_code == 200, resp.text
+    answer = resp.json()
+    assert "routed_experts" not in answer["meta_info"] and answer["meta_info"]["completion_tokens"] >= 1
+    engine.routing_shape = RoutingShape(2, 2, 8)
+    with pytest.raises(MalformedRouting, match=f"{server.address}, request p0/\\d/0: .*"
+                                               "--enable-return-routed-experts"):
+        engine.generate(_requests(tok, n=1)[:1], SamplingParams(max_new_tokens=3))

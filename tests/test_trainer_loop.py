@@ -84,9 +84,9 @@ def test_loop_single_process(assets, tmp_path, algo, source):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout, algo, source", [
-    (["parallel.tp=2", "parallel.sp=true"], "gspo", "learner"),
-    (["parallel.ep=2", "algo.tis.enabled=true", "algo.routing_replay=true"], "grpo", "learner"),
-], ids=["tp2_gspo_learner", "ep2_grpo_learner_tis_routing_replay"])
+    (["parallel.tp=2", "parallel.sp=true", "algo.routing_replay=rollout"], "gspo", "learner"),
+    (["parallel.ep=2", "algo.tis.enabled=true", "algo.routing_replay=learner"], "grpo", "learner"),
+], ids=["tp2_sp_gspo_learner_r3", "ep2_grpo_learner_tis_routing_replay"])
 def test_loop_two_gloo_ranks(assets, tmp_path, layout, algo, source):
     extra = [*layout, f"algo.loss={algo}", f"algo.old_logprob_source={source}", "trainer.num_steps=2"]
     if algo == "grpo":
@@ -137,15 +137,16 @@ def _tail(run_dir: Path) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overlap", [False, True], ids=["on_policy", "overlap_learner_pi_old"])
+@pytest.mark.parametrize("overlap", [False, True], ids=["on_policy", "overlap_learner_pi_old_r3"])
 def test_killed_run_resumes_to_identical_metrics(assets, tmp_path, overlap):
     """With the overlap, the checkpoint of step 2 carries the in-flight rollout of step 3 and its
-    pi_old, computed by the learner under the generating weights, which are gone after the kill.
+    pi_old, computed by the learner under the generating weights, which are gone after the kill,
+    and (R3) the engine's routing of its samples, which the resumed run replays.
     The reference and the victim run side by side (independent processes, two cores)."""
     ref_dir, killed_dir = tmp_path / "ref", tmp_path / "killed"
     flags = (f"rollout.overlap_one_step={str(overlap).lower()}",)
     if overlap:
-        flags += ("algo.old_logprob_source=learner",)
+        flags += ("algo.old_logprob_source=learner", "algo.routing_replay=rollout")
     ref = _spawn(assets, ref_dir, *flags)
     victim = _spawn(assets, killed_dir, *flags)
     deadline = time.monotonic() + 600
@@ -193,14 +194,18 @@ def test_bad_inputs_stop_with_a_clear_error(assets, tmp_path, caplog):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["colocated", "disaggregated"])
-def test_loop_with_reference_servers(assets, tmp_path, mode):
+def test_loop_with_reference_servers(assets, tmp_path, mode, caplog):
     """The trainer against a reference server process: colocated (memory released around the
-    learner's phases, tensor handles through shared memory) and disaggregated (gloo broadcast)."""
+    learner's phases, tensor handles through shared memory) and disaggregated (gloo broadcast,
+    with R3: the server launched with the capture flag, every sample's routing replayed)."""
     from gspo_megatron.distributed.runtime import free_port
 
     extra = ["trainer.num_steps=1", "rollout.engine=reference", f"rollout.mode={mode}",
              f"rollout.sglang.port={free_port()}", "rollout.sglang.health_timeout_s=300",
              "rollout.weight_sync.verify=true", "rollout.weight_sync.verify_tolerance=1e-5"]
+    if mode == "disaggregated":
+        extra += ["algo.routing_replay=rollout", "algo.old_logprob_source=learner"]
+    caplog.set_level("INFO", logger="gspo_megatron.rollout.sglang_launcher")
     assert _train(0, _overrides(assets, tmp_path, *extra))["code"] == 0
     rows = _check_run(tmp_path, 1)
     sync = rows[1]
@@ -209,6 +214,10 @@ def test_loop_with_reference_servers(assets, tmp_path, mode):
     for phase in ("pause", "begin", "end", "transfer"):
         assert f"weight_sync/{phase}_s" in sync
     assert ("weight_sync/continue_s" in sync) == (mode == "disaggregated")  # colocated: on resume
+    if mode == "disaggregated":  # R3: the learner routed as the server did, same log-probs
+        assert sync["rollout/learner_vs_engine_abs_logp"] < 1e-4
+        started = [r.getMessage() for r in caplog.records if "started rollout server" in r.getMessage()]
+        assert started and all("--enable-return-routed-experts" in m for m in started), started
 
 
 @pytest.mark.slow

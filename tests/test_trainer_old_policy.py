@@ -22,13 +22,16 @@ class _Learner:
     def __init__(self):
         self.calls = []
 
-    def compute_logprobs(self, batch, record_routing=False):
-        self.calls.append((len(batch), record_routing))
+    def compute_logprobs(self, batch, record_routing=False, replay=None):
+        self.calls.append((len(batch), record_routing, replay))
         return LogprobOutput([torch.full((2,), -1.25)] * len(batch), [torch.zeros(2)] * len(batch),
                              routing=f"tape{len(self.calls)}" if record_routing else None)
 
+    def rollout_routing(self, batch):
+        return f"engine routing of {len(batch)}"
 
-def _cfg(source: str, replay: bool = False) -> GSPOConfig:
+
+def _cfg(source: str, replay: str = "off") -> GSPOConfig:
     cfg = GSPOConfig()
     cfg.rollout.n_samples_per_prompt, cfg.batch.num_mini_batches = 2, 4
     cfg.algo.old_logprob_source, cfg.algo.routing_replay = source, replay
@@ -45,14 +48,26 @@ def test_engine_log_probs_need_no_learner_pass():
 
 def test_learner_pass_per_mini_batch_records_routing_for_replay():
     learner = _Learner()
-    old = old_policy_pass(learner, _batch(), _cfg("learner", replay=True))
-    assert learner.calls == [(2, True)] * 4
+    old = old_policy_pass(learner, _batch(), _cfg("learner", replay="learner"))
+    assert learner.calls == [(2, True, None)] * 4
     assert old.routings == ["tape1", "tape2", "tape3", "tape4"]
     assert float(old.mini_batches[3].old_logprobs[1][0]) == -1.25
     assert old.metrics["rollout/learner_vs_engine_abs_logp"] == 0.25
     plain = _Learner()
     assert old_policy_pass(plain, _batch(), _cfg("learner")).routings == [None] * 4
-    assert plain.calls == [(2, False)] * 4
+    assert plain.calls == [(2, False, None)] * 4
+
+
+def test_rollout_routing_is_replayed_by_the_old_policy_pass_and_the_training_passes():
+    """R3: the engine's routing of every mini-batch goes to the learner's pi_old pass and, as
+    the routing to replay, to the training passes; with engine log-probs there is no pass."""
+    learner = _Learner()
+    old = old_policy_pass(learner, _batch(), _cfg("learner", replay="rollout"))
+    assert learner.calls == [(2, False, "engine routing of 2")] * 4
+    assert old.routings == ["engine routing of 2"] * 4
+    engine_only = _Learner()
+    old = old_policy_pass(engine_only, _batch(), _cfg("rollout", replay="rollout"))
+    assert engine_only.calls == [] and old.routings == ["engine routing of 2"] * 4
 
 
 def test_saved_pi_old_is_attached_without_a_pass():

@@ -212,13 +212,34 @@ class AlgorithmConfig:
     tis: TISConfig = field(default_factory=TISConfig)
     """Truncated IS against the engine; needs ``old_logprob_source=learner`` (with the engine's
     log-probs as pi_old every weight would be 1)."""
-    routing_replay: bool = False
-    """MoE: the paper's Routing Replay (section 5.3, what GRPO needs on MoE models): the
-    learner's old-log-prob pass records the experts of every token (per mini-batch) and each
-    training pass of the same rollout batch replays them (Megatron-Core's ``RouterReplay``).
-    Off for GSPO, which does not need it. Needs ``old_logprob_source=learner``."""
+    routing_replay: str = "off"
+    """MoE routing replay (Megatron-Core's ``RouterReplay``), one of :data:`ROUTING_REPLAY_MODES`:
+
+    - ``off``: every pass routes for itself (GSPO does not need replay);
+    - ``learner`` (R2, the paper's Routing Replay, section 5.3): the learner's old-log-prob
+      pass records the experts of every token per mini-batch and each training pass of the same
+      rollout batch replays them; needs ``old_logprob_source=learner``;
+    - ``rollout`` (R3): the rollout engine returns the experts it routed every token to, and the
+      learner's old-log-prob and training passes replay them, which also removes the train /
+      inference routing mismatch. Costs ``2 * top_k`` bytes per token per MoE layer in the
+      trainer (int16) and SGLang's ``--enable-return-routed-experts`` capture on the servers.
+
+    ``true`` / ``false`` (configs written before R3) read as ``learner`` / ``off``."""
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+
+
+EMBEDDED_DTYPES = ("fp32", "bf16")
+"""``rollout.embedded_dtype`` values (torch.float32, torch.bfloat16)."""
+ROUTING_REPLAY_MODES = ("off", "learner", "rollout")
+_ROUTING_REPLAY_ALIASES = {"false": "off", "true": "learner"}
+
+
+def routing_replay_mode(algo) -> str:
+    """``algo.routing_replay`` as one of :data:`ROUTING_REPLAY_MODES` (old booleans mapped);
+    any other value is returned as given, for validation to refuse."""
+    value = str(algo.routing_replay).strip().lower()
+    return _ROUTING_REPLAY_ALIASES.get(value, value)
 
 
 @dataclass
@@ -313,6 +334,11 @@ class RolloutConfig:
     overlap_one_step: bool = False
     """Generate step k+1 while step k updates (one-step off-policy; trainer/rollout_pipeline.py).
     The embedded engine then runs in its own process; SGLang needs ``mode=disaggregated``."""
+    embedded_dtype: str = "fp32"
+    """``fp32`` or ``bf16``: the embedded engine's weights and arithmetic (log-probs are taken in
+    fp32 either way). ``bf16`` beside the fp32 CPU learner gives the train / inference mismatch
+    of a bf16 SGLang fleet, routing flips included, which R3 (``algo.routing_replay=rollout``)
+    and TIS address; fp32 matches the learner to ~1e-6 nats per token."""
     embedded_num_threads: int = 1
     """Torch threads of the embedded engine's process (``overlap_one_step`` only); the main
     learner rank gives up as many of its own (at least one stays)."""

@@ -14,6 +14,8 @@ from typing import List, Optional
 from gspo_megatron.config.errors import ConfigError  # noqa: F401  (re-exported)
 from gspo_megatron.config.allocation import allocation_problems, fleet_problems
 from gspo_megatron.config.sequence_padding import FP8_RECIPES, pad_multiple_for, round_up
+from gspo_megatron.config.schema import (EMBEDDED_DTYPES, ROUTING_REPLAY_MODES,
+                                         routing_replay_mode)
 
 SGLANG_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 """``--dtype`` choices of sglang 0.5.23 (``srt/arg_groups/fields/model.py``)."""
@@ -203,12 +205,17 @@ def _check_paper_experiments(cfg, check) -> None:
           "algo.old_logprob_source=rollout pi_old *is* the engine's, every weight would be 1 "
           "(the ratio already divides by the engine's log-probs): set "
           "algo.old_logprob_source=learner or disable algo.tis")
-    if a.routing_replay:
+    replay = routing_replay_mode(a)
+    check(replay in ROUTING_REPLAY_MODES, "algo.routing_replay",
+          f"{a.routing_replay!r} is not one of {', '.join(ROUTING_REPLAY_MODES)} (learner: R2, "
+          "the learner's old-policy routing; rollout: R3, the engine's routing)")
+    if replay in ("learner", "rollout"):
         check(m.arch == "qwen3_moe" and m.num_experts > 0, "algo.routing_replay",
               "routing replay needs an MoE model")
-        check(a.old_logprob_source == "learner", "algo.routing_replay",
+        check(replay == "rollout" or a.old_logprob_source == "learner", "algo.routing_replay",
               "the routing to replay is recorded by the learner's old-log-prob pass: set "
-              "algo.old_logprob_source=learner")
+              "algo.old_logprob_source=learner (or algo.routing_replay=rollout to replay the "
+              "engine's routing)")
         check(m.recompute != "full" or cfg.parallel.pp == 1, "algo.routing_replay",
               "with model.recompute=full the backward re-runs the router; replaying the right "
               "micro-batch's experts there needs parallel.pp=1")
@@ -237,9 +244,10 @@ def _check_overlap(cfg, check) -> None:
     check(r.engine != "embedded" or r.weight_sync.transport in ("auto", "tensor"),
           "rollout.weight_sync.transport", "the embedded engine's process takes weights through "
           "shared memory ('auto' or 'tensor') when rollout.overlap_one_step=true")
-    check(not cfg.algo.routing_replay, "algo.routing_replay",
+    check(routing_replay_mode(cfg.algo) != "learner", "algo.routing_replay",
           "with rollout.overlap_one_step the in-flight rollout's recorded routing would not "
-          "survive a checkpoint; replay routing on-policy (rollout.overlap_one_step=false)")
+          "survive a checkpoint; replay routing on-policy (rollout.overlap_one_step=false) or "
+          "replay the engine's routing, which travels with the samples (rollout)")
 
 
 def validate_config(cfg, world_size: Optional[int] = None) -> None:
@@ -380,6 +388,8 @@ def _check_rollout(cfg, check) -> None:
     check(r.temperature > 0.0, "rollout.temperature", "must be > 0 (log-probs of greedy decoding are not a policy)")
     check(0.0 < r.top_p <= 1.0, "rollout.top_p", "must be in (0, 1]")
     check(r.embedded_max_batch_size >= 1, "rollout.embedded_max_batch_size", "must be >= 1")
+    check(r.embedded_dtype in EMBEDDED_DTYPES, "rollout.embedded_dtype",
+          f"{r.embedded_dtype!r} is not one of {', '.join(EMBEDDED_DTYPES)}")
     ws = r.weight_sync
     check(ws.bucket_bytes > 0, "rollout.weight_sync.bucket_bytes", "must be > 0")
     check(ws.transport != "disk" or bool(ws.disk_dir), "rollout.weight_sync.disk_dir",

@@ -37,7 +37,8 @@ VARIANTS: Dict[str, tuple] = {
     "gspo_learner": ("algo.loss=gspo", "algo.old_logprob_source=learner"),
     "gspo_engine": ("algo.loss=gspo", "algo.old_logprob_source=rollout"),
     "grpo": GRPO_CLIP + ("algo.old_logprob_source=learner",),
-    "grpo_replay": GRPO_CLIP + ("algo.old_logprob_source=learner", "algo.routing_replay=true"),
+    "grpo_replay": GRPO_CLIP + ("algo.old_logprob_source=learner", "algo.routing_replay=learner"),
+    "grpo_r3": GRPO_CLIP + ("algo.old_logprob_source=learner", "algo.routing_replay=rollout"),
 }
 NUM_EXPERTS, TOPK = 8, 2
 

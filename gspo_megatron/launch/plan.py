@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from gspo_megatron.config.allocation import NodeRoles, devices_per_server, node_roles, runs_servers
+from gspo_megatron.config.schema import routing_replay_mode
 from gspo_megatron.launch.mounts import Mount, absolute_path, container_mounts
 from gspo_megatron.rollout.server_keys import key_file_path
 from gspo_megatron.rollout.sglang_launcher import (keyed_launch_path, reference_server_command,
@@ -143,6 +144,7 @@ def server_tasks(cfg, rollout_nodes: Sequence[Node], roles: NodeRoles, job: JobS
     key_file = server_key_file(cfg, job)
     keyed_launch = keyed_launch_path(job.repo)
     per_server = devices_per_server(s) if cfg.rollout.engine == "sglang" else 1
+    routed = routing_replay_mode(cfg.algo) == "rollout"  # R3: servers capture routed experts
     tasks = []
     for node in rollout_nodes:
         for i in range(roles.servers_per_node):
@@ -152,11 +154,13 @@ def server_tasks(cfg, rollout_nodes: Sequence[Node], roles: NodeRoles, job: JobS
                     enable_memory_saver=cfg.rollout.mode == "colocated",
                     deterministic=s.deterministic_inference,
                     key_file=None if job.rollout_entry else key_file,
-                    keyed_launch=keyed_launch) + list(job.sglang_extra_args)
+                    keyed_launch=keyed_launch,
+                    return_routed_experts=routed) + list(job.sglang_extra_args)
             else:
                 argv = reference_server_command(model_path, s.port + i, host=node.addr, python=job.python,
                                                 enable_memory_saver=cfg.rollout.mode == "colocated",
-                                                key_file=None if job.rollout_entry else key_file)
+                                                key_file=None if job.rollout_entry else key_file,
+                                                return_routed_experts=routed)
             devices = list(range(i * per_server, (i + 1) * per_server))
             env = sglang_server_env(s) if cfg.rollout.engine == "sglang" else {}
             tasks.append(ServerTask(node.name, i, f"{node.addr}:{s.port + i}", devices,

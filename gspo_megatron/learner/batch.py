@@ -68,6 +68,10 @@ class SequenceBatch:
     old_logprobs: Optional[List[torch.Tensor]] = None
     rollout_logprobs: Optional[List[torch.Tensor]] = None
     ref_logprobs: Optional[List[torch.Tensor]] = None
+    routed_experts: Optional[List[torch.Tensor]] = None
+    """R3: per sequence, int16 ``[length - 1, layers, top_k]``, the experts the rollout engine
+    routed positions ``0 .. length - 2`` to (``rollout/routed_experts.py``); the micro-batches
+    carry them in their own layout (``MicroBatch.routing``)."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -87,6 +91,24 @@ class SequenceBatch:
                 if values is not None and len(values[i]) != length - prompt:
                     raise ValueError(f"SequenceBatch.{name}[{i}]: {len(values[i])} values for "
                                      f"{length - prompt} response tokens")
+        self._check_routed_experts()
+
+    def _check_routed_experts(self) -> None:
+        if self.routed_experts is None:
+            return
+        if len(self.routed_experts) != len(self):
+            raise ValueError(f"SequenceBatch.routed_experts: {len(self.routed_experts)} entries "
+                             f"for {len(self)} sequences")
+        layout = None
+        for i, routing in enumerate(self.routed_experts):
+            if routing.dim() != 3 or routing.shape[0] != self.seq_len(i) - 1:
+                raise ValueError(f"SequenceBatch.routed_experts[{i}]: shape {tuple(routing.shape)} "
+                                 f"for a sequence of {self.seq_len(i)} tokens; expected "
+                                 f"[{self.seq_len(i) - 1}, layers, top_k]")
+            if layout is not None and tuple(routing.shape[1:]) != layout:
+                raise ValueError(f"SequenceBatch.routed_experts[{i}]: {tuple(routing.shape[1:])} "
+                                 f"(layers, top_k), the others have {layout}")
+            layout = tuple(routing.shape[1:])
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -137,6 +159,10 @@ class MicroBatch:
     """int64 [N]: each response token's index inside its response, when this is a CP share."""
     cp_size: int = 1
     cp_rank: int = 0
+    routing: Optional[torch.Tensor] = None
+    """R3: int16 ``[R, S, layers, top_k]``, the rollout engine's experts at every position of
+    ``tokens`` (this CP rank's columns of a share); positions nothing routed (padding, each
+    sequence's last token, whose output no loss reads) name experts ``0 .. top_k - 1``."""
 
     @property
     def num_seqs(self) -> int:
@@ -212,6 +238,21 @@ def _per_token_advantage(batch: SequenceBatch, i: int) -> torch.Tensor:
     return t
 
 
+def _routing_grid(batch: SequenceBatch, placed: List[tuple], rows: int,
+                  length: int) -> Optional[torch.Tensor]:
+    """The batch's routed experts laid out like the tokens: ``placed`` holds (sequence, row,
+    first column) of every sequence; None when the batch carries no routing."""
+    if not batch.routed_experts:
+        return None
+    layers, top_k = batch.routed_experts[0].shape[1:]
+    filler = torch.arange(top_k, dtype=torch.int16)
+    grid = filler.expand(rows, length, layers, top_k).clone()
+    for i, row, start in placed:
+        routing = batch.routed_experts[i]
+        grid[row, start:start + routing.shape[0]] = routing
+    return grid
+
+
 def build_micro_batch(batch: SequenceBatch, seq_ids: List[int], padded_len: int,
                       pad_token_id: int = 0, seq_multiple: int = 1) -> MicroBatch:
     """Concatenate ``seq_ids`` into one row of ``padded_len`` tokens.
@@ -248,7 +289,9 @@ def build_micro_batch(batch: SequenceBatch, seq_ids: List[int], padded_len: int,
         response_positions=_cat(positions, torch.int64), seq_index=_cat(seq_index, torch.int64),
         num_real_tokens=sum(seq_lengths),
         extras={k: _cat(v, torch.float32) for k, v in extras.items()},
-        cu_seqlens_padded=torch.tensor(bounds, dtype=torch.int32) if seq_multiple > 1 else None)
+        cu_seqlens_padded=torch.tensor(bounds, dtype=torch.int32) if seq_multiple > 1 else None,
+        routing=_routing_grid(batch, [(i, 0, bounds[k]) for k, i in enumerate(seq_ids)], 1,
+                              padded_len))
 
 
 def build_row_micro_batch(batch: SequenceBatch, seq_ids: List[int], num_rows: int, row_len: int,
@@ -276,7 +319,9 @@ def build_row_micro_batch(batch: SequenceBatch, seq_ids: List[int], num_rows: in
         cu_seqlens=torch.arange(0, (num_rows + 1) * row_len, row_len, dtype=torch.int32),
         response_positions=_cat(positions, torch.int64), seq_index=_cat(seq_index, torch.int64),
         num_real_tokens=real, extras={k: _cat(v, torch.float32) for k, v in extras.items()},
-        layout="rows")
+        layout="rows",
+        routing=_routing_grid(batch, [(i, row, 0) for row, i in enumerate(seq_ids)], num_rows,
+                              row_len))
 
 
 @dataclass
@@ -353,7 +398,8 @@ def shard_micro_batch(mb: MicroBatch, columns: torch.Tensor, cp_size: int,
         response_positions=row[keep] * local_len + where[col[keep]],
         seq_index=mb.seq_index[keep], extras={k: v[keep] for k, v in mb.extras.items()},
         full_seq_token_counts=counts, token_index=token_index[keep],
-        cp_size=cp_size, cp_rank=cp_rank)
+        cp_size=cp_size, cp_rank=cp_rank,
+        routing=mb.routing[:, columns] if mb.routing is not None else None)
 
 
 def _plan_packed(batch: SequenceBatch, shares: List[List[int]], lengths: List[int], dp_rank: int,

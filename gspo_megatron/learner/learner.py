@@ -51,8 +51,8 @@ from gspo_megatron.learner.forward import forward_chunk, response_logprobs, spli
 from gspo_megatron.learner.optimizer import (build_optimizer, build_scheduler, current_lr,
                                              guarded_step, wrap_ddp)
 from gspo_megatron.learner.routing import (RECORD, REPLAY, RoutingSession, RoutingTape,
-                                           check_routing_supported, chunk_routers,
-                                           routing_change_metrics)
+                                           check_routing_supported, chunk_router_layers,
+                                           chunk_routers, rollout_tape, routing_change_metrics)
 from gspo_megatron.model.provider import (build_gpt_model, build_transformer_config,
                                           resolve_model_config, resolve_params_dtype,
                                           resolve_transformer_impl)
@@ -108,6 +108,7 @@ class Learner:
         self.cp_rank = ps.get_context_parallel_rank()
         self.cp_group = ps.get_context_parallel_group() if self.cp_size > 1 else None
         self.routers = [chunk_routers(chunk) for chunk in self.model]  # [] per chunk when dense
+        self.router_layers = [chunk_router_layers(chunk) for chunk in self.model]
         self.step = 0
         self.consecutive_nonfinite = 0
         self.num_nonfinite_skipped = 0
@@ -136,14 +137,32 @@ class Learner:
 
     # ---- running the schedule -------------------------------------------------------------
 
+    def _sp_shard(self) -> tuple:
+        """(size, rank) of the sequence-parallel split of the routers' tokens."""
+        sp = self.cfg.parallel.tp if self.cfg.parallel.sp else 1
+        return sp, self.tp_rank if sp > 1 else 0
+
     def _routing_session(self, mode: Optional[str], tape: Optional[RoutingTape] = None):
         """Record / replay MoE routing during one schedule run (``learner/routing.py``)."""
         if mode is None:
             return None
         check_routing_supported(self.tf_config, self.routers, mode)
-        sp = self.cfg.parallel.tp if self.cfg.parallel.sp else 1
-        return RoutingSession(self.model, self.routers, mode, tape, sp_size=sp,
-                              sp_rank=self.tp_rank if sp > 1 else 0)
+        sp, sp_rank = self._sp_shard()
+        return RoutingSession(self.model, self.routers, mode, tape, sp_size=sp, sp_rank=sp_rank)
+
+    def rollout_routing(self, batch: SequenceBatch) -> RoutingTape:
+        """R3: the rollout engine's routing of ``batch`` (``batch.routed_experts``) cut into this
+        rank's micro-batches and MoE layers, to replay in :meth:`compute_logprobs` and
+        :meth:`train_step` on the same batch (no communication: every rank plans alike)."""
+        if batch.routed_experts is None:
+            raise ValueError("rollout routing replay: the batch carries no routed experts "
+                             "(SequenceBatch.routed_experts)")
+        top_k = batch.routed_experts[0].shape[2] if len(batch) else self.model_cfg.moe_router_topk
+        if top_k != self.model_cfg.moe_router_topk:
+            raise ValueError(f"rollout routing replay: the engine routed to top-{top_k}, the "
+                             f"learner's model to top-{self.model_cfg.moe_router_topk}")
+        sp, sp_rank = self._sp_shard()
+        return rollout_tape(self.plan(batch).micro_batches, self.router_layers, sp, sp_rank)
 
     def _run_schedule(self, plan: StepPlan, loss_func: Callable, forward_only: bool,
                       routing: Optional[RoutingSession] = None) -> list:
@@ -176,12 +195,17 @@ class Learner:
 
     @torch.no_grad()
     def compute_logprobs(self, batch: SequenceBatch, temperature: Optional[float] = None,
-                         record_routing: bool = False) -> LogprobOutput:
+                         record_routing: bool = False,
+                         replay: Optional[RoutingTape] = None) -> LogprobOutput:
         """Forward only; per-sequence response log-probs and entropies on every rank, and with
-        ``record_routing`` this rank's MoE routing of the pass (to replay in ``train_step``)."""
+        ``record_routing`` this rank's MoE routing of the pass (to replay in ``train_step``).
+        ``replay``: route every token to these experts instead (R3: :meth:`rollout_routing`)."""
+        if record_routing and replay is not None:
+            raise ValueError("compute_logprobs: record_routing and replay exclude each other")
         temp = self.cfg.rollout.temperature if temperature is None else temperature
         plan = self.plan(batch)
-        session = self._routing_session(RECORD if record_routing else None)
+        mode = REPLAY if replay is not None else RECORD if record_routing else None
+        session = self._routing_session(mode, replay)
 
         def loss_func(mb, output):
             if mb.num_seqs == 0:
@@ -204,7 +228,7 @@ class Learner:
             for item in results:
                 mine.update(item.get("per_seq", {}))
         out = _assemble_sequences(batch, _all_gather_objects(mine))
-        out.routing = session.tape if session is not None else None
+        out.routing = session.tape if record_routing else None
         return out
 
     def record_routing(self, batch: SequenceBatch) -> RoutingTape:

@@ -23,6 +23,11 @@ on the CPU as int16 so that a rollout batch's routing does not occupy accelerato
 :class:`RoutingSession` that the learner's forward step calls around each micro-batch, and
 :func:`routing_change_metrics` for expert volatility.
 
+Two sources of a tape: the learner's own old-policy pass (``RECORD``; R2, the paper's Routing
+Replay) or the rollout engine (:func:`rollout_tape`; R3): each micro-batch then carries the
+engine's routing laid out like its tokens (``MicroBatch.routing``), which is cut into the same
+per-layer router token order, so R3 replays through exactly the R2 machinery.
+
 Replay must see the micro-batches it recorded: the learner records and replays with the same
 deterministic plan of the same (mini-)batch, and the tape's fingerprints refuse anything else.
 ``RouterReplay.set_target_indices`` also appends to ``replay_backward_list`` (for Megatron's
@@ -55,6 +60,23 @@ def chunk_routers(chunk) -> list:
         raise RuntimeError("the model's MoE routers have no RouterReplay: build it with "
                            "TransformerConfig.moe_enable_routing_replay=True (model/provider.py)")
     return [r.router_replay for r in routers]
+
+
+def moe_routing_layout(model) -> Tuple[int, int, int]:
+    """(layers, top-k, experts) of ``model`` (``model.*``, sizes from ``hf_path`` when set): what
+    a rollout engine's routing must cover to be replayed here."""
+    from gspo_megatron.model.provider import resolve_model_config
+
+    resolved = resolve_model_config(model)
+    return resolved.num_layers, resolved.moe_router_topk, resolved.num_experts
+
+
+def chunk_router_layers(chunk) -> List[int]:
+    """0-based global layer index of each MoE router of a chunk, in :func:`chunk_routers` order
+    (Megatron's ``layer_number`` is 1-based and already counts the pipeline offset)."""
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    return [m.layer_number - 1 for m in chunk.modules() if isinstance(m, TopKRouter)]
 
 
 def check_routing_supported(tf_config, routers: List[list], mode: str) -> None:
@@ -109,6 +131,36 @@ def fingerprint(mb) -> tuple:
     tokens = mb.tokens.detach().cpu().contiguous()
     return (tuple(mb.seq_ids), tuple(tokens.shape), mb.layout,
             zlib.crc32(tokens.numpy().tobytes()))
+
+
+def rollout_tape(micro_batches: list, chunk_layers: List[List[int]], sp_size: int = 1,
+                 sp_rank: int = 0) -> RoutingTape:
+    """The rollout engine's routing (R3) of planned micro-batches, as a tape to replay.
+
+    ``chunk_layers[c]``: global layer indices of chunk ``c``'s routers. Each micro-batch's
+    ``routing`` [R, S, layers, top_k] becomes the router token order ``s * R + b`` (this SP
+    rank's ``S / sp`` columns), one int16 ``[tokens, top_k]`` per router."""
+    tape = RoutingTape(indices=[[] for _ in chunk_layers])
+    for k, mb in enumerate(micro_batches):
+        if mb.routing is None:
+            raise RuntimeError(f"rollout routing replay: micro-batch {k} (sequences "
+                               f"{list(mb.seq_ids)[:8]}) carries no routed experts from the engine")
+        rows, length = mb.tokens.shape
+        num_layers = mb.routing.shape[2]
+        wanted = max((max(layers) for layers in chunk_layers if layers), default=-1)
+        if wanted >= num_layers:
+            raise RuntimeError(f"rollout routing replay: the engine's routing has {num_layers} "
+                               f"layers, the learner's model routes layer {wanted}")
+        flat = mb.routing.transpose(0, 1).reshape(length * rows, num_layers, -1)
+        if sp_size > 1:
+            shard = length // sp_size * rows
+            flat = flat[sp_rank * shard:(sp_rank + 1) * shard]
+        tape.fingerprints.append(fingerprint(mb))
+        tape.response_index.append(router_token_index((rows, length), mb.response_positions,
+                                                      sp_size, sp_rank))
+        for c, layers in enumerate(chunk_layers):
+            tape.indices[c].append([flat[:, layer].contiguous() for layer in layers])
+    return tape
 
 
 class RoutingSession:

@@ -43,6 +43,8 @@ class GeneratedRow:
     finish_reason: Optional[str] = None
     matched: object = None
     """The EOS / stop id or stop string that ended the response (SGLang's ``matched``)."""
+    routing: Optional[torch.Tensor] = None
+    """With ``record_routing``: int16 [prompt + response - 1, layers, top_k] (R3)."""
 
 
 class EmbeddedEngine(RolloutEngine):
@@ -50,7 +52,7 @@ class EmbeddedEngine(RolloutEngine):
 
     def __init__(self, model, tokenizer=None, max_batch_size: int = 256,
                  logprob_mode: str = "scaled", weight_version: Optional[str] = None,
-                 lean_decode: bool = True) -> None:
+                 lean_decode: bool = True, record_routing: bool = False) -> None:
         super().__init__()
         if logprob_mode not in LOGPROB_MODES:
             raise ValueError(f"logprob_mode must be one of {LOGPROB_MODES}, got {logprob_mode!r}")
@@ -61,6 +63,10 @@ class EmbeddedEngine(RolloutEngine):
         self.weight_version = weight_version
         self.lean_decode = lean_decode
         """Decode Qwen3 / Qwen3-MoE with :class:`Qwen3Decoder` (False: the model's HF forward)."""
+        self.record_routing = record_routing
+        """Return each sample's routed experts (R3; the lean decoder on a Qwen3-MoE model)."""
+        if record_routing:
+            make_decoder(self.model, lean=lean_decode, record_routing=True)  # refuses early
         self.device = next(model.parameters()).device
         self._lock = threading.Lock()  # one forward pass / weight load at a time
         self._eos_ids = self._find_eos_ids()
@@ -108,7 +114,7 @@ class EmbeddedEngine(RolloutEngine):
                                   prompt_token_ids=list(req.prompt_token_ids),
                                   response_token_ids=r.tokens, response_logprobs=r.logprobs,
                                   finish_reason=r.finish_reason or "length", latency_s=latency,
-                                  weight_version=self.weight_version)
+                                  weight_version=self.weight_version, routed_experts=r.routing)
                            for (req, idx), r in zip(chunk, rows))
         return samples
 
@@ -141,7 +147,7 @@ class EmbeddedEngine(RolloutEngine):
         gens = make_generators(seeds)
         input_ids, attention = self._left_pad(prompts)
         stop_ids = set(self._eos_ids) | set(params.stop_token_ids)
-        decoder = make_decoder(self.model, lean=self.lean_decode)
+        decoder = make_decoder(self.model, lean=self.lean_decode, record_routing=self.record_routing)
         logits = decoder.prefill(input_ids, attention, params.max_new_tokens)
         for _ in range(params.max_new_tokens):
             if should_stop is not None:
@@ -161,6 +167,9 @@ class EmbeddedEngine(RolloutEngine):
                 break
             alive_t = torch.tensor(alive, device=self.device)
             logits = decoder.step(torch.where(alive_t, tokens, self._pad_id), alive_t)
+        if self.record_routing:  # an aborted row's last token was fed too: keep P + R - 1
+            for row, prompt, routing in zip(rows, prompts, decoder.routed_experts()):
+                row.routing = routing[:len(prompt) + len(row.tokens) - 1].clone()
         return rows
 
     def _append(self, row: GeneratedRow, tok: int, lp: float, stop_ids: set,

@@ -40,14 +40,15 @@ log = logging.getLogger(__name__)
 
 
 def _serve(conn, model_path: str, max_batch_size: int, num_threads: int, logprob_mode: str,
-           lean_decode: bool) -> None:
+           lean_decode: bool, record_routing: bool, dtype: torch.dtype) -> None:
     """Child process: load the engine, share its tensors, then answer requests until 'stop'."""
     try:
         torch.set_num_threads(num_threads)
         from gspo_megatron.rollout.embedded import EmbeddedEngine
 
-        engine = EmbeddedEngine.from_pretrained(model_path, max_batch_size=max_batch_size,
-                                                logprob_mode=logprob_mode, lean_decode=lean_decode)
+        engine = EmbeddedEngine.from_pretrained(model_path, dtype=dtype, max_batch_size=max_batch_size,
+                                                logprob_mode=logprob_mode, lean_decode=lean_decode,
+                                                record_routing=record_routing)
         engine.model.share_memory()
         tensors = {name: t.detach() for name, t in engine.model.state_dict(keep_vars=True).items()}
         conn.send(("ready", tensors, os.getpid()))
@@ -62,7 +63,7 @@ def _serve(conn, model_path: str, max_batch_size: int, num_threads: int, logprob
             _, requests, params, version = message
             engine.weight_version = version
             try:
-                reply = ("ok", engine.generate(requests, params))
+                reply = ("ok", _routing_as_arrays(engine.generate(requests, params)))
             except Exception:
                 reply = ("error", traceback.format_exc())
             conn.send(reply)
@@ -70,11 +71,21 @@ def _serve(conn, model_path: str, max_batch_size: int, num_threads: int, logprob
             return
 
 
+def _routing_as_arrays(samples: List[Sample]) -> List[Sample]:
+    """Routed experts as numpy arrays for the pipe: a tensor would travel as one shared-memory
+    file descriptor per sample (hundreds per batch), an array as plain bytes."""
+    for s in samples:
+        if s.routed_experts is not None:
+            s.routed_experts = s.routed_experts.numpy()
+    return samples
+
+
 class EmbeddedProcessEngine(RolloutEngine):
     """:class:`EmbeddedEngine` served by a child process, weights in shared memory."""
 
     def __init__(self, model_path: str, max_batch_size: int = 256, num_threads: int = 1,
                  logprob_mode: str = "scaled", lean_decode: bool = True,
+                 record_routing: bool = False, dtype: torch.dtype = torch.float32,
                  start_timeout_s: float = 600.0) -> None:
         super().__init__()
         if not os.path.isfile(os.path.join(model_path, "config.json")):
@@ -88,7 +99,7 @@ class EmbeddedProcessEngine(RolloutEngine):
         self._conn, child_conn = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, name="embedded-engine", daemon=True,
                                  args=(child_conn, model_path, max_batch_size, num_threads,
-                                       logprob_mode, lean_decode))
+                                       logprob_mode, lean_decode, record_routing, dtype))
         self._proc.start()
         child_conn.close()
         self._tensors: Optional[Dict[str, torch.Tensor]] = None
@@ -118,7 +129,11 @@ class EmbeddedProcessEngine(RolloutEngine):
         with self._lock:
             self.wait_ready()
             self._conn.send(("generate", list(requests), params, self.weight_version))
-            return self._receive()[1]
+            samples = self._receive()[1]
+        for s in samples:
+            if s.routed_experts is not None:
+                s.routed_experts = torch.from_numpy(s.routed_experts)
+        return samples
 
     def load_weights(self, named_tensors: NamedTensors) -> WeightSyncStats:
         """Copy tensors into the child's parameters of the same HF name (between generations)."""

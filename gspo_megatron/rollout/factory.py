@@ -16,8 +16,11 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+import torch
+
 from gspo_megatron.rollout.embedded import EmbeddedEngine
 from gspo_megatron.rollout.embedded_process import EmbeddedProcessEngine
+from gspo_megatron.rollout.routed_experts import RoutingShape
 from gspo_megatron.rollout.server_keys import ensure_keys, read_keys, use_keys
 from gspo_megatron.rollout.sglang_engine import SGLangEngine
 from gspo_megatron.rollout.sglang_launcher import launch_reference_fleet, launch_sglang_fleet
@@ -25,22 +28,28 @@ from gspo_megatron.rollout.types import RolloutEngine
 
 
 def build_engine(cfg, model_path: Optional[str] = None, model=None, tokenizer=None,
-                 log_dir: Optional[str] = None, key_file: Optional[str] = None) -> RolloutEngine:
+                 log_dir: Optional[str] = None, key_file: Optional[str] = None,
+                 routing_shape: Optional[RoutingShape] = None) -> RolloutEngine:
     """An engine for ``cfg`` (a ``RolloutConfig``); the caller owns ``shutdown()``.
 
     ``key_file`` (server engines): servers launched here get the keys in it (made when it does
     not exist); attached servers get them when it exists. Every client of this process then
-    sends them (``server_keys.use_keys``)."""
+    sends them (``server_keys.use_keys``). ``routing_shape`` (R3): every sample carries the
+    experts the engine routed it to (``rollout/routed_experts.py``)."""
+    record = routing_shape is not None
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.embedded_dtype]
     if cfg.engine == "embedded":
         size = cfg.embedded_max_batch_size
         if model is not None:
-            return EmbeddedEngine(model, tokenizer, max_batch_size=size)
+            return EmbeddedEngine(model, tokenizer, max_batch_size=size, record_routing=record)
         if model_path is None:
             raise ValueError("rollout.engine=embedded needs a model or model.hf_path")
         if cfg.overlap_one_step:  # a thread would share the learner's GIL
             return EmbeddedProcessEngine(model_path, max_batch_size=size,
-                                         num_threads=cfg.embedded_num_threads)
-        return EmbeddedEngine.from_pretrained(model_path, max_batch_size=size)
+                                         num_threads=cfg.embedded_num_threads,
+                                         record_routing=record, dtype=dtype)
+        return EmbeddedEngine.from_pretrained(model_path, dtype=dtype, max_batch_size=size,
+                                              record_routing=record)
     if cfg.engine in ("sglang", "reference"):
         if not cfg.sglang.server_addresses and model_path is None:
             raise ValueError(f"rollout.engine={cfg.engine} launches servers from model.hf_path; "
@@ -54,5 +63,6 @@ def build_engine(cfg, model_path: Optional[str] = None, model=None, tokenizer=No
         use_keys(keys)
         return SGLangEngine.from_config(cfg.sglang, model_path, log_dir,
                                         enable_memory_saver=cfg.mode == "colocated", launch=launch,
-                                        key_file=key_file if keys is not None else None)
+                                        key_file=key_file if keys is not None else None,
+                                        routing_shape=routing_shape)
     raise ValueError(f"rollout.engine={cfg.engine!r} is not one of embedded, sglang, reference")

@@ -89,10 +89,13 @@ def _mlp(x: torch.Tensor, weights) -> torch.Tensor:
     return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
 
 
-def _moe(layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-    """Top-k MoE over flat tokens ``x`` [T, H]: one sort groups the (token, slot) pairs by expert."""
+def _moe(layer: _Layer, x: torch.Tensor, routed: Optional[list] = None) -> torch.Tensor:
+    """Top-k MoE over flat tokens ``x`` [T, H]: one sort groups the (token, slot) pairs by expert.
+    ``routed``: a list that gets this layer's top-k expert ids [T, k] appended."""
     probs = F.softmax(F.linear(x, layer.gate), dim=1, dtype=torch.float)
     weights, experts = torch.topk(probs, layer.top_k, dim=-1)
+    if routed is not None:
+        routed.append(experts)
     if layer.norm_topk:
         weights /= weights.sum(dim=-1, keepdim=True)
     weights = weights.to(x.dtype).flatten()
@@ -117,7 +120,7 @@ def _moe(layer: _Layer, x: torch.Tensor) -> torch.Tensor:
 class Qwen3Decoder:
     """Prefill + one-token steps of a HF Qwen3 / Qwen3-MoE causal LM, with a static KV cache."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, record_routing: bool = False) -> None:
         reason = lean_path_unsupported(model)
         if reason is not None:
             raise ValueError(f"Qwen3Decoder cannot run this model: {reason}")
@@ -129,6 +132,12 @@ class Qwen3Decoder:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.scaling = self.head_dim ** -0.5
         self.layers = [_Layer(layer, cfg) for layer in model.model.layers]
+        if record_routing and not all(layer.moe for layer in self.layers):
+            raise ValueError("recording routed experts needs every layer to be MoE (as SGLang's "
+                             "capture and the learner's replay assume)")
+        self.record_routing = record_routing
+        self._routing: List[torch.Tensor] = []
+        """int16 [B, S, layers, top_k] of every forward (prefill, then one per step)."""
         self._k: List[torch.Tensor] = []
         self._v: List[torch.Tensor] = []
 
@@ -142,6 +151,7 @@ class Qwen3Decoder:
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         b, s, _ = x.shape
         end = start + s
+        routed: Optional[list] = [] if self.record_routing else None
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.ln1, self.eps)
             q = _rms_norm(_linear(layer.q, h).view(b, s, self.num_heads, self.head_dim),
@@ -159,10 +169,22 @@ class Qwen3Decoder:
             x = x + _linear(layer.o, attn.transpose(1, 2).reshape(b, s, -1))
             h = _rms_norm(x, layer.ln2, self.eps)
             if layer.moe:
-                x = x + _moe(layer, h.reshape(b * s, -1)).view(b, s, -1)
+                x = x + _moe(layer, h.reshape(b * s, -1), routed).view(b, s, -1)
             else:
                 x = x + _mlp(h, layer.dense)
+        if routed is not None:
+            self._routing.append(torch.stack(routed, 1).view(b, s, len(routed), -1).to(torch.int16))
         return _rms_norm(x[:, -1], m.norm.weight, self.eps)
+
+    def routed_experts(self) -> List[torch.Tensor]:
+        """Per row, int16 ``[tokens fed, layers, top_k]``: the experts of every real position fed
+        so far (prompt, then each appended token; padding and finished rows' filler left out),
+        the order SGLang's ``routed_experts`` uses."""
+        if not self.record_routing:
+            raise RuntimeError("Qwen3Decoder was built without record_routing")
+        every = torch.cat(self._routing, dim=1).cpu()  # [B, fed positions, layers, top_k]
+        valid = self._valid[:, :every.shape[1]].cpu()
+        return [every[i][valid[i]] for i in range(every.shape[0])]
 
     def _logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
         return _linear(self.model.lm_head, last_hidden)
@@ -182,6 +204,7 @@ class Qwen3Decoder:
         self._valid[:, :p] = attention_mask.bool()
         self._next_pos = attention_mask.sum(-1)  # position id of each row's next token
         self._len = p
+        self._routing = []
         positions = (attention_mask.cumsum(-1) - 1).clamp_(min=0)
         causal = torch.ones((p, p), dtype=torch.bool, device=dev).tril_()
         mask = causal & self._valid[:, None, None, :p]
@@ -228,8 +251,14 @@ class HFDecoder:
         return out.logits[:, -1, :]
 
 
-def make_decoder(model, lean: bool = True):
-    """:class:`Qwen3Decoder` when ``lean`` and the model is supported, else :class:`HFDecoder`."""
+def make_decoder(model, lean: bool = True, record_routing: bool = False):
+    """:class:`Qwen3Decoder` when ``lean`` and the model is supported, else :class:`HFDecoder`.
+    ``record_routing`` (R3) needs the lean path on a Qwen3-MoE model."""
+    if record_routing:
+        reason = lean_path_unsupported(model) or (None if lean else "lean_decode is off")
+        if reason is not None:
+            raise ValueError(f"recording routed experts needs the lean Qwen3-MoE decoder: {reason}")
+        return Qwen3Decoder(model, record_routing=True)
     if lean:
         reason = lean_path_unsupported(model)
         if reason is None:

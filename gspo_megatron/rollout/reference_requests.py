@@ -86,8 +86,9 @@ def check_sampling_contract(sp: Any) -> Dict[str, Any]:
 
 
 def parse_generate(body: Any, vocab_size: int, context_length: int
-                   ) -> Tuple[str, list, SamplingParams, Optional[int], bool]:
-    """(rid, input_ids, params, seed, return_logprob), or ContractError / RequestError."""
+                   ) -> Tuple[str, list, SamplingParams, Optional[int], bool, bool]:
+    """(rid, input_ids, params, seed, return_logprob, return_routed_experts), or ContractError /
+    RequestError."""
     if not isinstance(body, dict):
         raise ContractError(f"invalid type: {_unexpected(body)}, expected struct GenerateRequest")
     sp = check_sampling_contract(body.get("sampling_params"))
@@ -128,4 +129,4 @@ def parse_generate(body: Any, vocab_size: int, context_length: int
         raise RequestError(str(exc)) from exc
     seed = sp.get("sampling_seed")
     return (str(body.get("rid") or ""), ids, params, seed,
-            bool(body.get("return_logprob")))
+            bool(body.get("return_logprob")), bool(body.get("return_routed_experts")))

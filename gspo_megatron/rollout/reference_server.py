@@ -43,6 +43,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 from gspo_megatron.rollout import sglang_api as api
 from gspo_megatron.rollout.server_keys import ServerKeys, read_keys
 from gspo_megatron.rollout.embedded import EmbeddedEngine, GeneratedRow
+from gspo_megatron.rollout.routed_experts import encode_sglang
 from gspo_megatron.rollout.reference_memory import LEDGER_ENV, MemoryLedger, OutOfMemory, ServerMemory
 from gspo_megatron.rollout.reference_requests import ContractError, RequestError, parse_generate
 from gspo_megatron.rollout.reference_scheduler import Job, ReferenceScheduler, Refused
@@ -164,8 +165,8 @@ class ReferenceServer:
         if injected:
             return injected
         try:
-            rid, ids, params, seed, want_logprobs = parse_generate(body, self.vocab_size,
-                                                                   self.context_length)
+            rid, ids, params, seed, want_logprobs, want_routing = parse_generate(
+                body, self.vocab_size, self.context_length)
         except ContractError as exc:
             return 400, {"error": str(exc)}
         except RequestError as exc:
@@ -185,18 +186,22 @@ class ReferenceServer:
                 return None
         if job.error is not None:
             return _error(job.error, 500)
-        return 200, self._response(job, job.result, len(ids), time.perf_counter() - t0, want_logprobs)
+        return 200, self._response(job, job.result, len(ids), time.perf_counter() - t0, want_logprobs,
+                                   want_routing)
 
     def _response(self, job: Job, row: GeneratedRow, prompt_len: int, latency: float,
-                  want_logprobs: bool) -> Dict[str, Any]:
+                  want_logprobs: bool, want_routing: bool) -> Dict[str, Any]:
+        """SGLang's body; routed experts only when asked for *and* captured (started with
+        ``--enable-return-routed-experts``): SGLang leaves them out silently otherwise."""
         reason = row.finish_reason or "length"
         finish = ({"type": "stop", "matched": row.matched} if reason == "stop"
                   else {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
                   if reason == "abort" else {"type": "length", "length": len(row.tokens)})
         tok = self.engine.tokenizer
         text = tok.decode(row.tokens) if tok is not None else ""
+        routing = encode_sglang(row.routing) if want_routing and row.routing is not None else None
         out = api.generate_response(job.rid, prompt_len, row.tokens, row.logprobs, finish, latency,
-                                    text, self.weight_version)
+                                    text, self.weight_version, routed_experts=routing)
         if not want_logprobs:
             for key in ("output_token_logprobs", "output_token_logprobs_length"):
                 out["meta_info"].pop(key)
@@ -383,6 +388,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="simulated GPU memory ledger (reference_memory.py); default: $" + LEDGER_ENV)
     p.add_argument("--mem-fraction-static", type=float, default=0.7,
                    help="SGLang's flag: the static pool's share of the free memory (ledger only)")
+    p.add_argument("--enable-return-routed-experts", action="store_true",
+                   help="SGLang's flag: capture the experts of every token, returned to requests "
+                        "that set return_routed_experts")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -390,7 +398,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     engine = EmbeddedEngine.from_pretrained(args.model_path, logprob_mode=args.logprob_mode,
-                                            max_batch_size=args.max_batch_size)
+                                            max_batch_size=args.max_batch_size,
+                                            record_routing=args.enable_return_routed_experts)
     faults = FaultPlan(fail_requests=args.fail_requests, hang_requests=args.hang_requests,
                        exit_on_request=args.exit_on_request, delay_s=args.delay_s)
     memory = None

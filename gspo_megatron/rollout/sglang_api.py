@@ -56,7 +56,8 @@ MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")
 PAUSE_MODES = ("abort", "retract", "in_place")
 """``io_struct.PauseGenerationReqInput.mode``; ``abort`` (the default) returns once nothing runs."""
 
-GENERATE_FIELDS = frozenset({"rid", "input_ids", "sampling_params", "return_logprob", "stream"})
+GENERATE_FIELDS = frozenset({"rid", "input_ids", "sampling_params", "return_logprob", "stream",
+                             "return_routed_experts"})
 """The ``/generate`` fields this client sends (a subset of api_types.GenerateRequest)."""
 SAMPLING_FIELDS = frozenset({"temperature", "top_p", "max_new_tokens", "stop", "stop_token_ids",
                              "sampling_seed", "no_stop_trim", "skip_special_tokens"})
@@ -95,8 +96,12 @@ def unknown_field_message(key: str, fields: Sequence[str]) -> str:
 
 
 def generate_payload(rid: str, prompt_token_ids: List[int], params: SamplingParams,
-                     seed: Optional[int]) -> Dict[str, Any]:
+                     seed: Optional[int], return_routed_experts: bool = False) -> Dict[str, Any]:
     """The ``/generate`` body for one sample.
+
+    ``return_routed_experts`` (R3) asks for the experts of every position of prompt + output
+    but the last (``routed_experts_start_len`` left at 0); the server needs
+    ``--enable-return-routed-experts`` (``rollout/routed_experts.py``).
 
     ``no_stop_trim`` keeps a matched stop string / id in the output (the learner trains on
     exactly the tokens that were sampled); ``skip_special_tokens=False`` for the same reason.
@@ -111,8 +116,11 @@ def generate_payload(rid: str, prompt_token_ids: List[int], params: SamplingPara
         sampling["stop_token_ids"] = list(params.stop_token_ids)
     if seed is not None:
         sampling["sampling_seed"] = int(seed)
-    return {"rid": rid, "input_ids": list(prompt_token_ids), "sampling_params": sampling,
+    body = {"rid": rid, "input_ids": list(prompt_token_ids), "sampling_params": sampling,
             "return_logprob": True, "stream": False}
+    if return_routed_experts:
+        body["return_routed_experts"] = True
+    return body
 
 
 @dataclass
@@ -125,6 +133,8 @@ class GenerateResult:
     finish_reason: str
     e2e_latency_s: Optional[float]
     weight_version: Optional[str]
+    routed_experts: Optional[str] = None
+    """``meta_info["routed_experts"]`` as sent (base64 int32), when the server returned it."""
 
 
 def _finish_type(raw: Any) -> str:
@@ -160,19 +170,25 @@ def parse_generate_response(body: Any) -> GenerateResult:
     return GenerateResult(rid=str(meta.get("id", "")), token_ids=token_ids, logprobs=logprobs,
                           finish_reason=_finish_type(meta.get("finish_reason")),
                           e2e_latency_s=float(latency) if latency is not None else None,
-                          weight_version=meta.get("weight_version"))
+                          weight_version=meta.get("weight_version"),
+                          routed_experts=meta.get("routed_experts"))
 
 
 def generate_response(rid: str, prompt_len: int, token_ids: List[int], logprobs: List[float],
                       finish_reason: Dict[str, Any], e2e_latency: float, text: str,
-                      weight_version: Optional[str]) -> Dict[str, Any]:
-    """A ``/generate`` response body in SGLang's schema (used by the reference server)."""
-    return {"text": text, "output_ids": list(token_ids),
+                      weight_version: Optional[str],
+                      routed_experts: Optional[str] = None) -> Dict[str, Any]:
+    """A ``/generate`` response body in SGLang's schema (used by the reference server);
+    ``routed_experts``: the base64 routing, set only when asked for and captured."""
+    body = {"text": text, "output_ids": list(token_ids),
             "meta_info": {"id": rid, "finish_reason": finish_reason, "prompt_tokens": prompt_len,
                           "completion_tokens": len(token_ids), "cached_tokens": 0,
                           "weight_version": weight_version, "e2e_latency": e2e_latency,
                           "output_token_logprobs": [[lp, t, None] for lp, t in zip(logprobs, token_ids)],
                           "output_token_logprobs_length": len(token_ids)}}
+    if routed_experts is not None:
+        body["meta_info"]["routed_experts"] = routed_experts
+    return body
 
 
 # ---- control bodies (io_struct request types; only fields we set, the rest take defaults) ---

@@ -25,7 +25,10 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Dict, Iterator, List, Optional, Sequence, Set
 
+import torch
+
 from gspo_megatron.rollout import sglang_api as api
+from gspo_megatron.rollout.routed_experts import MalformedRouting, RoutingShape, decode_sglang
 from gspo_megatron.rollout.server_pool import NoLiveServer, ServerPool, ServerState
 from gspo_megatron.rollout.sglang_client import SGLangServerClient, ServerUnavailable
 from gspo_megatron.rollout.sglang_control import FleetControl
@@ -70,17 +73,22 @@ class SGLangEngine(RolloutEngine):
         self.launcher = launcher
         self.require_memory_saver = False
         """Attached servers of a colocated run must run with ``--enable-memory-saver``."""
+        self.routing_shape: Optional[RoutingShape] = None
+        """Set (R3): ask every sample's routed experts and decode them to this shape."""
         self._count_lock = threading.Lock()
         self._num_retries = 0
 
     @classmethod
     def from_config(cls, cfg, model_path: Optional[str] = None, log_dir: Optional[str] = None,
                     enable_memory_saver: bool = False, launch=None,
-                    key_file: Optional[str] = None) -> "SGLangEngine":
+                    key_file: Optional[str] = None,
+                    routing_shape: Optional[RoutingShape] = None) -> "SGLangEngine":
         """Attach to ``cfg.server_addresses``, or start ``cfg.num_servers`` with ``launch(cfg,
         model_path, log_dir=..., enable_memory_saver=..., key_file=...)`` (SGLang by default;
         launched servers require the keys in ``key_file``, ``rollout/server_keys.py``); then wait
-        for health and check every server runs SGLang :data:`sglang_api.SGLANG_VERSION`."""
+        for health and check every server runs SGLang :data:`sglang_api.SGLANG_VERSION`.
+        ``routing_shape`` (R3): launched servers capture routed experts and every sample returns
+        them (attached servers must run with ``--enable-return-routed-experts``)."""
         launcher, addresses = None, list(cfg.server_addresses)
         if not addresses:
             if model_path is None:
@@ -89,12 +97,13 @@ class SGLangEngine(RolloutEngine):
             if launch is None:
                 from gspo_megatron.rollout.sglang_launcher import launch_sglang_fleet as launch
             launcher = launch(cfg, model_path, log_dir=log_dir, enable_memory_saver=enable_memory_saver,
-                              key_file=key_file)
+                              key_file=key_file, return_routed_experts=routing_shape is not None)
             addresses = launcher.addresses
         engine = cls(addresses, cfg.request_timeout_s, cfg.max_retries, cfg.health_timeout_s,
                      max_concurrency_per_server=cfg.max_concurrency_per_server,
                      launcher=launcher, server_tp_size=cfg.tp)
         engine.require_memory_saver = enable_memory_saver and launcher is None
+        engine.routing_shape = routing_shape
         return engine._start(recover=launcher is None)
 
     @classmethod
@@ -230,7 +239,8 @@ class SGLangEngine(RolloutEngine):
 
     def _run_sample(self, req: GenerationRequest, idx: int, params: SamplingParams) -> Sample:
         seed = sample_seed(params.seed, req.prompt_id, idx)
-        payload_base = api.generate_payload("", list(req.prompt_token_ids), params, seed)
+        payload_base = api.generate_payload("", list(req.prompt_token_ids), params, seed,
+                                            return_routed_experts=self.routing_shape is not None)
         tried: Set[str] = set()
         errors: List[str] = []
         start = time.perf_counter()
@@ -264,9 +274,23 @@ class SGLangEngine(RolloutEngine):
                           response_token_ids=result.token_ids, response_logprobs=result.logprobs,
                           finish_reason=result.finish_reason,
                           latency_s=time.perf_counter() - start,
-                          weight_version=result.weight_version)
+                          weight_version=result.weight_version,
+                          routed_experts=self._routed_experts(server, rid, result))
         raise SampleFailed(f"sample (prompt_id={req.prompt_id!r}, sample_index={idx}) failed "
                            f"{self.max_retries + 1} attempts: {errors}")
+
+    def _routed_experts(self, server: ServerState, rid: str,
+                        result: api.GenerateResult) -> Optional[torch.Tensor]:
+        """The sample's routing (R3), decoded; a server that left it out was started without the
+        capture flag, which no retry mends: :class:`MalformedRouting` ends the batch."""
+        if self.routing_shape is None:
+            return None
+        where = f"{server.address}, request {rid}"
+        if result.routed_experts is None:
+            raise MalformedRouting(f"{where}: the answer has no meta_info.routed_experts, which "
+                                   "algo.routing_replay=rollout replays; start the server with "
+                                   "--enable-return-routed-experts")
+        return decode_sglang(result.routed_experts, self.routing_shape, where)
 
     def _on_failure(self, server: ServerState, exc: Exception) -> None:
         with self._count_lock:

@@ -57,7 +57,8 @@ KEYED_LAUNCH = keyed_launch_path(os.path.dirname(os.path.dirname(os.path.dirname
 def sglang_server_command(cfg, model_path: str, index: int, host: str = "127.0.0.1",
                           enable_memory_saver: bool = False, deterministic: bool = False,
                           python: str = sys.executable, key_file: Optional[str] = None,
-                          keyed_launch: str = KEYED_LAUNCH) -> List[str]:
+                          keyed_launch: str = KEYED_LAUNCH,
+                          return_routed_experts: bool = False) -> List[str]:
     """Command line of SGLang server ``index`` of the fleet described by an ``SGLangConfig``.
 
     Server i listens on ``cfg.port + i`` and uses GPUs ``[i * tp * dp, (i + 1) * tp * dp)`` of
@@ -67,6 +68,7 @@ def sglang_server_command(cfg, model_path: str, index: int, host: str = "127.0.0
     (``rollout/sglang_keyed_launch.py``), which adds ``--api-key`` / ``--admin-api-key`` from
     that file inside the process: the command line holds only the file's path. ``--dtype`` is
     ``cfg.dtype`` or the checkpoint's own; ``cfg.device == "cpu"`` adds the CPU engine's flags.
+    ``return_routed_experts`` (R3) makes the server capture every token's experts.
     """
     gpus_per_server = cfg.tp * cfg.dp
     entry = [keyed_launch, key_file] if key_file else ["-m", "sglang.launch_server"]
@@ -86,6 +88,8 @@ def sglang_server_command(cfg, model_path: str, index: int, host: str = "127.0.0
         cmd.append("--enable-memory-saver")
     if deterministic:
         cmd.append("--enable-deterministic-inference")
+    if return_routed_experts:
+        cmd.append(ROUTED_EXPERTS_FLAG)
     return cmd
 
 
@@ -105,6 +109,9 @@ def checkpoint_dtype(model_path: str) -> Optional[str]:
     return dtype if isinstance(dtype, str) else None
 
 
+ROUTED_EXPERTS_FLAG = "--enable-return-routed-experts"
+"""SGLang's server flag for ``return_routed_experts`` (``srt/arg_groups/fields/exec_.py``)."""
+
 CPU_ENGINE_ARGS = ["--device", "cpu", "--attention-backend", "torch_native",
                    "--disable-cuda-graph", "--sleep-on-idle"]
 """SGLang 0.5.23's CPU engine, as run here (docs/rollout.md): the pure-torch attention, no CUDA
@@ -122,10 +129,12 @@ def sglang_server_env(cfg) -> Dict[str, str]:
 def reference_server_command(model_path: str, port: int, host: str = "127.0.0.1",
                              extra: Sequence[str] = (), python: str = sys.executable,
                              enable_memory_saver: bool = False,
-                             key_file: Optional[str] = None) -> List[str]:
+                             key_file: Optional[str] = None,
+                             return_routed_experts: bool = False) -> List[str]:
     """Command line of a CPU reference server (same HTTP API as SGLang); ``key_file``: require
     the job's keys, which the server reads from that file."""
     saver = ["--enable-memory-saver"] if enable_memory_saver else []
+    saver += [ROUTED_EXPERTS_FLAG] if return_routed_experts else []
     keys = ["--key-file", key_file] if key_file else []
     return [python, "-m", "gspo_megatron.rollout.reference_server", "--model-path", model_path,
             "--host", host, "--port", str(port), *saver, *keys, *extra]
@@ -182,20 +191,22 @@ class ServerLauncher:
 
 def launch_sglang_fleet(cfg, model_path: str, host: str = "127.0.0.1",
                         log_dir: Optional[str] = None, enable_memory_saver: bool = False,
-                        key_file: Optional[str] = None) -> ServerLauncher:
+                        key_file: Optional[str] = None,
+                        return_routed_experts: bool = False) -> ServerLauncher:
     """Start ``cfg.num_servers`` SGLang servers (an ``SGLangConfig``) on this node."""
     launcher = ServerLauncher(log_dir, env=sglang_server_env(cfg))
     for i in range(cfg.num_servers):
         cmd = sglang_server_command(cfg, model_path, i, host, enable_memory_saver,
                                     cfg.deterministic_inference, python=cfg.python or sys.executable,
-                                    key_file=key_file)
+                                    key_file=key_file, return_routed_experts=return_routed_experts)
         launcher.start(cmd, f"{host}:{cfg.port + i}")
     return launcher
 
 
 def launch_reference_fleet(cfg, model_path: str, host: str = "127.0.0.1",
                            log_dir: Optional[str] = None, enable_memory_saver: bool = False,
-                           key_file: Optional[str] = None) -> ServerLauncher:
+                           key_file: Optional[str] = None,
+                           return_routed_experts: bool = False) -> ServerLauncher:
     """Start ``cfg.num_servers`` CPU reference servers, server i on ``cfg.port + i``."""
     launcher = ServerLauncher(log_dir, env={"OMP_NUM_THREADS": "1"})
     for i in range(cfg.num_servers):
@@ -204,6 +215,7 @@ def launch_reference_fleet(cfg, model_path: str, host: str = "127.0.0.1",
                                                 extra=["--mem-fraction-static",
                                                        str(cfg.mem_fraction_static)],
                                                 enable_memory_saver=enable_memory_saver,
-                                                key_file=key_file),
+                                                key_file=key_file,
+                                                return_routed_experts=return_routed_experts),
                        f"{host}:{port}")
     return launcher

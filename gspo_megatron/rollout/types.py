@@ -119,6 +119,11 @@ class Sample:
     latency_s: float
     """Seconds from submission to completion of this sample (as the engine saw it)."""
     weight_version: Optional[str] = None
+    routed_experts: Optional[torch.Tensor] = None
+    """MoE routing replay from the rollout (R3), when asked for: int16 ``[P + R - 1, layers,
+    top_k]``, the experts every MoE layer routed positions ``0 .. P + R - 2`` of prompt +
+    response to (SGLang's ``routed_experts``; the last token is never fed back). See
+    :mod:`rollout.routed_experts`."""
 
     @property
     def key(self) -> Tuple[str, int]:

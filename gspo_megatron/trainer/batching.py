@@ -8,24 +8,41 @@ into equal runs of sequences; each mini-batch is one optimizer step.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 
+from gspo_megatron.config.schema import routing_replay_mode
 from gspo_megatron.data.sft import build_sft_examples
 from gspo_megatron.learner.batch import SequenceBatch
+from gspo_megatron.learner.routing import moe_routing_layout
+from gspo_megatron.rollout.routed_experts import RoutingShape, check_sample_routing
 from gspo_megatron.trainer.rollout_step import ScoredRollout
 
 
-def rollout_to_sequence_batch(rollout: ScoredRollout) -> SequenceBatch:
-    """Engine log-probs serve as both ``rollout_logprobs`` and the default ``old_logprobs``."""
+def rollout_routing_shape(cfg) -> Optional[RoutingShape]:
+    """With ``algo.routing_replay=rollout`` (R3), what every sample's routed experts must fit
+    (the learner's model); None otherwise."""
+    if routing_replay_mode(cfg.algo) != "rollout":
+        return None
+    return RoutingShape(*moe_routing_layout(cfg.model))
+
+
+def rollout_to_sequence_batch(rollout: ScoredRollout,
+                              routing_shape: Optional[RoutingShape] = None) -> SequenceBatch:
+    """Engine log-probs serve as both ``rollout_logprobs`` and the default ``old_logprobs``.
+    ``routing_shape`` (R3): every sample's routed experts, checked against it, come along."""
     engine_lp = [torch.tensor(s.response_logprobs, dtype=torch.float32) for s in rollout.samples]
+    routing = None
+    if routing_shape is not None:
+        routing = [check_sample_routing(s, routing_shape) for s in rollout.samples]
     return SequenceBatch(
         token_ids=[list(s.prompt_token_ids) + list(s.response_token_ids) for s in rollout.samples],
         prompt_lens=[len(s.prompt_token_ids) for s in rollout.samples],
         advantages=list(rollout.advantages),
         old_logprobs=engine_lp,
         rollout_logprobs=engine_lp,
+        routed_experts=routing,
     )
 
 
@@ -39,7 +56,8 @@ def take_sequences(batch: SequenceBatch, idx: List[int]) -> SequenceBatch:
     return SequenceBatch(token_ids=pick(batch.token_ids), prompt_lens=pick(batch.prompt_lens),
                          advantages=pick(batch.advantages), old_logprobs=pick(batch.old_logprobs),
                          rollout_logprobs=pick(batch.rollout_logprobs),
-                         ref_logprobs=pick(batch.ref_logprobs))
+                         ref_logprobs=pick(batch.ref_logprobs),
+                         routed_experts=pick(batch.routed_experts))
 
 
 def split_mini_batches(batch: SequenceBatch, num_mini_batches: int,

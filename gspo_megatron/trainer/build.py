@@ -110,8 +110,11 @@ def _start_engine(cfg, run_dir: Path):
         torch.set_num_threads(threads)
     from gspo_megatron.rollout.server_keys import key_file_path
 
+    from gspo_megatron.trainer.batching import rollout_routing_shape
+
     return build_engine(r, model_path=cfg.model.hf_path, log_dir=str(run_dir / "logs"),
-                        key_file=key_file_path(r.sglang.key_file, str(run_dir)))
+                        key_file=key_file_path(r.sglang.key_file, str(run_dir)),
+                        routing_shape=rollout_routing_shape(cfg))
 
 
 def _build_weight_sync(parts: TrainerParts, cfg, runtime):

@@ -34,7 +34,8 @@ from tqdm import tqdm
 
 from gspo_megatron.learner.batch import SequenceBatch
 from gspo_megatron.learner.optimizer import constant_learning_rate, reset_adam_state
-from gspo_megatron.trainer.batching import rollout_to_sequence_batch, sft_batch
+from gspo_megatron.trainer.batching import (rollout_routing_shape, rollout_to_sequence_batch,
+                                             sft_batch)
 from gspo_megatron.trainer.build import TrainerParts
 from gspo_megatron.trainer.evaluation import evaluate_accuracy
 from gspo_megatron.trainer.expert_volatility import ExpertVolatilityProbe
@@ -79,6 +80,8 @@ class GSPOTrainer:
         self.cfg = cfg = parts.cfg
         self.step = 0
         self.overlap = cfg.rollout.overlap_one_step
+        self.routing_shape = rollout_routing_shape(cfg)
+        """R3: the shape every sample's routed experts are checked against (None: off)."""
         self._engine_step: Optional[int] = None  # learner step whose weights the engine serves
         # colocated: the engine's memory is with the learner (released at build, trainer/build.py)
         self._released = cfg.rollout.mode == "colocated" and parts.runtime.is_main
@@ -101,7 +104,7 @@ class GSPOTrainer:
     def _prepare(self, rollout: ScoredRollout, saved_old_logprobs) -> PreparedStep:
         """Collective: the step's batch (reference log-probs for the KL term) and pi_old."""
         p = self.p
-        batch = rollout_to_sequence_batch(rollout)
+        batch = rollout_to_sequence_batch(rollout, self.routing_shape)
         if p.reference is not None:
             batch = replace(batch, ref_logprobs=p.reference.compute_logprobs(batch).logprobs)
         return PreparedStep(batch, old_policy_pass(p.learner, batch, self.cfg, saved_old_logprobs))

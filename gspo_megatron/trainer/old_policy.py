@@ -1,5 +1,7 @@
 """pi_old of one rollout batch: the mini-batches with the log-probs the ratio divides by, and,
-with routing replay, the MoE routing each mini-batch's training pass must replay.
+with routing replay, the MoE routing each mini-batch's training pass must replay: recorded by
+the learner's old-policy pass (``algo.routing_replay=learner``, R2) or the rollout engine's,
+carried by the samples (``rollout``, R3; the old-policy pass replays it too).
 
     old = old_policy_pass(learner, batch, cfg)
     for mini, routing in zip(old.mini_batches, old.routings):
@@ -19,6 +21,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from gspo_megatron.config.schema import routing_replay_mode
 from gspo_megatron.learner.batch import SequenceBatch
 from gspo_megatron.learner.routing import RoutingTape
 from gspo_megatron.trainer.batching import split_mini_batches, with_old_logprobs
@@ -41,17 +44,21 @@ def old_policy_pass(learner, batch: SequenceBatch, cfg,
     sequence, per mini-batch), attached without a pass; a one-step off-policy run keeps it for
     its in-flight rollout, whose generating weights are gone after a restart."""
     minis = split_mini_batches(batch, cfg.batch.num_mini_batches, cfg.rollout.n_samples_per_prompt)
+    replay = routing_replay_mode(cfg.algo)
+    engine_routing = [learner.rollout_routing(m) if replay == "rollout" else None for m in minis]
     if saved is None and cfg.algo.old_logprob_source != "learner":
-        return OldPolicy(minis, [None] * len(minis))
+        return OldPolicy(minis, engine_routing)
     if saved is not None and [len(s) for s in saved] != [len(m) for m in minis]:
         raise ValueError("saved old log-probs do not match the rollout's mini-batches")
     out_minis, routings, gaps = [], [], []
     for i, mini in enumerate(minis):
         if saved is not None:
-            logprobs, routing = saved[i], None
+            logprobs, routing = saved[i], engine_routing[i]
         else:
-            out = learner.compute_logprobs(mini, record_routing=cfg.algo.routing_replay)
-            logprobs, routing = out.logprobs, out.routing
+            out = learner.compute_logprobs(mini, record_routing=replay == "learner",
+                                           replay=engine_routing[i])
+            logprobs = out.logprobs
+            routing = out.routing if replay == "learner" else engine_routing[i]
         if mini.rollout_logprobs is not None:  # same weights, two engines: how far apart
             gaps += [float((a - b).abs().mean()) for a, b in zip(logprobs, mini.rollout_logprobs)]
         out_minis.append(with_old_logprobs(mini, logprobs))
