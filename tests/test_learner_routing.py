@@ -211,9 +211,12 @@ def _with_engine_routing(batch, num_layers: int = 2):
     return batch
 
 
-def _calls_follow_the_engine(learner, seen: list, batch, calls_per_mb: int) -> bool:
-    """Router call ``k * layers + l`` of micro-batch ``k`` picked, at every response position,
-    exactly the experts the engine sent for that token and layer."""
+def _calls_follow_the_engine(learner, seen: list, batch) -> bool:
+    """Router call ``k * layers + l`` of micro-batch ``k`` (this stage's ``l``-th MoE layer)
+    picked, at every response position, exactly the experts the engine sent for that token and
+    (global) layer."""
+    layers = learner.router_layers[0]
+    calls_per_mb = len(layers)
     sp = learner.cfg.parallel.tp if learner.cfg.parallel.sp else 1
     rank = learner.tp_rank if sp > 1 else 0
     mbs = learner.plan(batch).micro_batches
@@ -222,8 +225,8 @@ def _calls_follow_the_engine(learner, seen: list, batch, calls_per_mb: int) -> b
     for k, mb in enumerate(mbs):
         where = router_token_index(tuple(mb.tokens.shape), mb.response_positions, sp, rank)
         token = mb.tokens.reshape(-1)[mb.response_positions[_sp_mine(mb, sp, rank)]]
-        for layer in range(calls_per_mb):
-            used = seen[k * calls_per_mb + layer][where]
+        for i, layer in enumerate(layers):
+            used = seen[k * calls_per_mb + i][where]
             wanted = torch.zeros_like(used).scatter_(1, _engine_experts(token, layer), True)
             if not torch.equal(used, wanted):
                 return False
@@ -251,11 +254,11 @@ def _rollout_replay(rank: int, layout: dict, root: str) -> dict:
     tape = learner.rollout_routing(batch)
     seen, handles = _routing_maps(learner)
     replayed = learner.compute_logprobs(batch, replay=tape).logprobs
-    old_pass_exact = _calls_follow_the_engine(learner, seen, batch, cfg.model.num_layers)
+    old_pass_exact = _calls_follow_the_engine(learner, seen, batch)
     seen.clear()
     learner.forward_backward(_with_engine_routing(make_batch(0, old=replayed)),
                              get_policy_loss("gspo"), routing=tape)
-    train_pass_exact = _calls_follow_the_engine(learner, seen, batch, cfg.model.num_layers)
+    train_pass_exact = _calls_follow_the_engine(learner, seen, batch)
     for h in handles:
         h.remove()
     router_grad, expert_grad = _grad_norms(learner)
@@ -284,7 +287,8 @@ def test_rollout_routing_is_replayed_token_for_token_and_gradients_flow(rollout_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [dict(ep=2), dict(tp=2, sp=True)], ids=["ep2", "tp2_sp"])
+@pytest.mark.parametrize("layout", [dict(ep=2), dict(tp=2, sp=True), dict(pp=2), dict(cp=2)],
+                         ids=["ep2", "tp2_sp", "pp2", "cp2"])
 def test_rollout_routing_replay_on_two_processes(rollout_replay_one_process, layout):
     root, reference = rollout_replay_one_process
     results = run_on_ranks(_rollout_replay, world_size=2, timeout_s=600, layout=layout, root=root)
