@@ -12,8 +12,8 @@ prompts and samples per step):
 Each run is a ``gspo-train`` process on ``configs/paper_tiny_moe.yaml`` with overrides, writing
 ``<out>/<variant>/seed<k>/metrics.jsonl`` and ``timing.json`` (start, wall time, load); a run
 whose metrics already reach its last step is not run again, so an interrupted reproduction
-continues where it stopped. ``comparison.py`` turns the rows into the figure and the table.
-Entry point: ``tools/reproduce_paper.py``.
+continues where it stopped. ``comparison.py`` turns the rows into the figure and the table,
+``paper_report.py`` into docs/paper_reproduction.md. Entry point: ``tools/reproduce_paper.py``.
 """
 
 from __future__ import annotations
