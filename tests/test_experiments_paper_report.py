@@ -57,7 +57,8 @@ def test_claim_one_numbers_and_verdict(doc):
     assert "go from 38.0-40.0% (cold start) to 62.0-74.0% held-out accuracy" in doc
     assert "GSPO variants end at a median of 70.0-73.0%, the GRPO ones at 68.0-69.0%" in doc
     assert "seed spread up to 9.0 points" in doc and "is higher than GRPO's on every seed" in doc
-    assert "last 20 steps is higher (0.520 vs 0.500)" in doc and "no run collapsed" in doc
+    assert "last 20 steps is about the same as GSPO's (0.520 vs 0.500)" in doc  # within 10%
+    assert "no run collapsed" in doc
 
 
 def test_claim_two_clip_fractions_by_phase(doc):
@@ -76,9 +77,21 @@ def test_claims_three_and_four_and_the_rest(doc):
     assert "the top-k *set* of 3% of (token, layer) pairs" in doc
     assert "Routing Replay changes nothing measurable (68.0% vs 69.0% at the end: not separated)" in doc
     assert "4. **GSPO can use" in doc and "(section 5.4).** *Agrees.*" in doc
-    assert "(73.0% vs 70.0% at the end: not separated" in doc and "agree to 5.0e-07 nats" in doc
+    assert "`gspo_engine` is within the seed spread of `gspo_learner` (73.0% vs 70.0% at the end: " \
+        "not separated" in doc and "agree to 5.0e-07 nats" in doc
     assert "~100x its clip range (mean |log s_i| 0.035" in doc
-    assert "~1.0 min per 8-step run" in doc and "[volatility_vs_depth.md](volatility_vs_depth.md)" in doc
+    # 1 min x 12 / 2 layers x 12 runs / 2 at a time = 36 min.
+    assert "~1.0 min per 8-step run on this machine, the 12-run grid at 12 layers would take " \
+        "~0.6 h, 2 at a time" in doc and "[volatility_vs_depth.md](volatility_vs_depth.md)" in doc
+
+
+def test_prose_is_filled_to_100_columns_without_breaking_inline_code(tmp_path):
+    write_reproduction(tmp_path)
+    lines = _render(tmp_path).splitlines()
+    prose = [x for x in lines if not x.startswith(("|", "OMP_NUM_THREADS", "```"))]
+    assert max(len(x) for x in prose) <= 100 and all(x.count("`") % 2 == 0 for x in prose)
+    claim = next(i for i, x in enumerate(lines) if x.startswith("1. **"))
+    assert lines[claim + 1].startswith("   ") and not lines[claim + 1].startswith("    ")
 
 
 def test_a_verdict_follows_its_rule_when_the_numbers_change(tmp_path):

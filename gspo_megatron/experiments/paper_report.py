@@ -30,7 +30,7 @@ from gspo_megatron.experiments.paper_numbers import (
 CLIP_TOKEN, CLIP_SEQ = "train/clip_frac_token", "train/clip_frac_seq"
 VOLATILITY, TOPK_SET = "routing/activated_expert_changed_frac", "routing/expert_set_changed_frac"
 ENGINE_GAP, SEQ_LOG_RATIO = "rollout/learner_vs_engine_abs_logp", "train/seq_log_ratio_abs_mean"
-VERSUS = {"not separated": "matches", "ahead": "ends ahead of", "behind": "ends behind"}
+VERSUS = {"not separated": "is within the seed spread of", "ahead": "ends ahead of", "behind": "ends behind"}
 ORDERS = {0: "less than one", 1: "one", 2: "two", 3: "three", 4: "four"}
 
 
@@ -70,6 +70,10 @@ def _span(values: Sequence[float], fmt: Callable[[float], str]) -> str:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _seeds(seeds: Sequence[int]) -> str:
+    return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
 
 
 def _missing(rep: Reproduction, *variants: str) -> Optional[str]:
@@ -198,6 +202,26 @@ def _stability(rep: Reproduction) -> str:
         "for GRPO's collapse stays small (claim 3)." if _low_volatility(rep) else ""))
 
 
+def _mean_accuracy_by_seed(rep: Reproduction) -> str:
+    """On which seeds GSPO's run-mean held-out accuracy is above GRPO's."""
+    by_seed = list(zip(rep.seeds, rep.per_seed("gspo_learner", mean_accuracy),
+                       rep.per_seed("grpo", mean_accuracy)))
+    higher = [s for s, a, b in by_seed if a > b]
+    lower = [s for s, a, b in by_seed if a <= b]
+    if not lower:
+        return "higher than GRPO's on every seed"
+    if not higher:
+        return "not higher than GRPO's on any seed"
+    return f"higher than GRPO's on {_seeds(higher)}, lower or equal on {_seeds(lower)}"
+
+
+def _training_reward(rep: Reproduction) -> str:
+    gspo, grpo = (rep.phase_median(v, "reward/mean", "last20") for v in ("gspo_learner", "grpo"))
+    word = ("about the same as GSPO's" if close(grpo, gspo) else
+            "higher than GSPO's" if grpo > gspo else "lower than GSPO's")
+    return f"GRPO's *training* reward over the last 20 steps is {word} ({grpo:.3f} vs {gspo:.3f})."
+
+
 def claim_stability(rep: Reproduction, doc: DocInfo) -> str:
     title = ("1. **GSPO trains more stably and efficiently than GRPO at equal rollout compute "
              "(Fig. 1).**")
@@ -209,17 +233,8 @@ def claim_stability(rep: Reproduction, doc: DocInfo) -> str:
                "ahead": "Agrees: GSPO ends ahead by more than the seed spread",
                "behind": "Disagrees: GSPO ends behind by more than the seed spread"}[
         separation(gspo, grpo)]
-    by_seed = list(zip(rep.seeds, rep.per_seed("gspo_learner", mean_accuracy),
-                       rep.per_seed("grpo", mean_accuracy)))
-    higher = [str(s) for s, a, b in by_seed if a > b]
-    lower = [str(s) for s, a, b in by_seed if a <= b]
-    versus = ("higher than GRPO's on every seed" if not lower else "not higher than GRPO's on "
-              "any seed" if not higher else f"higher than GRPO's on seeds {', '.join(higher)}, "
-              f"lower or equal on seeds {', '.join(lower)}")
     cold = [end_accuracy(rep.cold_starts[s].rows) for s in rep.seeds]
     ends = [x for v in rep.variants for x in rep.per_seed(v, end_accuracy)]
-    gspo_r, grpo_r = (rep.phase_median(v, "reward/mean", "last20")
-                      for v in ("gspo_learner", "grpo"))
     return f"""## Claim by claim
 
 {title}
@@ -228,9 +243,7 @@ def claim_stability(rep: Reproduction, doc: DocInfo) -> str:
    The GSPO variants end at a median of {_by_loss_span(rep, "gspo")}, the GRPO ones at
    {_by_loss_span(rep, "grpo")} (seed spread up to
    {max(max(gspo) - min(gspo), max(grpo) - min(grpo)) * 100:.1f} points); GSPO's mean accuracy
-   over the run is {versus}. GRPO's
-   *training* reward over the last 20 steps is {"higher" if grpo_r > gspo_r else "not higher"}
-   ({grpo_r:.3f} vs {gspo_r:.3f}). {_stability(rep)}"""
+   over the run is {_mean_accuracy_by_seed(rep)}. {_training_reward(rep)} {_stability(rep)}"""
 
 
 def _clip_phases(rep: Reproduction) -> List[Tuple[str, float, float]]:
@@ -381,14 +394,23 @@ its large learning rate: most sequences whose likelihood moved in the advantage'
 clipped in mini-batches 2-{num_mb}, and mini-batch 1 (on-policy) is never clipped."""
 
 
+def _deeper_grid_cost(rep: Reproduction, num_layers: int = 12) -> str:
+    """What the RL grid would take at ``num_layers``, if time per run grows with depth."""
+    timed = [r.timing for r in rep.all_runs()[len(rep.seeds):] if r.timing]
+    if not timed:
+        return ""
+    minutes = statistics.median(t["wall_s"] for t in timed) / 60
+    hours = minutes * num_layers / rep.config.model.num_layers * len(timed) / timed[0]["jobs"] / 60
+    return (f"; at ~{minutes:.1f} min per {rep.num_steps}-step run on this machine, the "
+            f"{len(timed)}-run grid at {num_layers} layers would take ~{hours:.1f} h, "
+            f"{timed[0]['jobs']} at a time, if time per run grows with depth")
+
+
 def left(rep: Reproduction, doc: DocInfo) -> str:
     items = []
     if _low_volatility(rep):
-        minutes = [r.timing["wall_s"] / 60 for r in rep.all_runs()[len(rep.seeds):] if r.timing]
-        cost = (f"; at ~{statistics.median(minutes):.1f} min per {rep.num_steps}-step run on this "
-                "machine, a 12-layer model would take hours for the grid" if minutes else "")
         items.append("A deeper or wider MoE (the paper's effect on GRPO needs routing volatility "
-                     f"near 10%){cost}.")
+                     f"near 10%){_deeper_grid_cost(rep)}.")
     if {"gspo_learner", "grpo"} <= set(rep.runs):
         sep = separation(*(rep.per_seed(v, end_accuracy) for v in ("gspo_learner", "grpo")))
         state = {"not separated": "GSPO and GRPO are not separated at the end (the rule: "
@@ -414,10 +436,13 @@ def _wrap(block: str, width: int = 100) -> str:
             items.append([])
         items[-1].append(line.strip())
     filled = []
-    for words in items:
-        marker = re.match(r"(- |\d+\. )?", words[0]).group(0)
-        filled.append(textwrap.fill(" ".join(words), width, subsequent_indent=" " * len(marker),
-                                    break_long_words=False, break_on_hyphens=False))
+    for lines in items:
+        # \0 holds the spaces of inline code while filling, so no `code span` is broken.
+        text = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", "\0"), " ".join(lines))
+        marker = re.match(r"(- |\d+\. )?", text).group(0)
+        text = textwrap.fill(text, width, subsequent_indent=" " * len(marker),
+                             break_long_words=False, break_on_hyphens=False)
+        filled.append(text.replace("\0", " "))
     return "\n".join(filled)
 
 
