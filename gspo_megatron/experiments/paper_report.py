@@ -413,8 +413,8 @@ def left(rep: Reproduction, doc: DocInfo) -> str:
                      f"near 10%){_deeper_grid_cost(rep)}.")
     if {"gspo_learner", "grpo"} <= set(rep.runs):
         sep = separation(*(rep.per_seed(v, end_accuracy) for v in ("gspo_learner", "grpo")))
-        state = {"not separated": "GSPO and GRPO are not separated at the end (the rule: "
-                                  f"{SEPARATION_NOTE})", "ahead": "GSPO ends ahead of GRPO",
+        state = {"not separated": "GSPO and GRPO are not separated at the end (separated only "
+                                  f"when {SEPARATION_NOTE})", "ahead": "GSPO ends ahead of GRPO",
                  "behind": "GSPO ends behind GRPO"}[sep]
         items.append(f"More seeds: with {len(rep.seeds)}, {state}.")
     return "## What was left\n\n" + "\n".join(f"- {item}" for item in items)
