@@ -6,7 +6,7 @@ from __future__ import annotations
 from gspo_megatron.experiments.paper_numbers import (close, collapsed, end_accuracy,
                                                      mean_accuracy, num_parameters,
                                                      orders_of_magnitude, phase_mean, phases,
-                                                     separation)
+                                                     ratio, separation)
 from tests.paper_runs import write_assets
 
 
@@ -36,6 +36,7 @@ def test_verdict_rules():
     assert separation([0.60, 0.61, 0.60], [0.70, 0.71, 0.70]) == "behind"
     assert close(0.30, 0.28) and not close(0.30, 0.25)
     assert [orders_of_magnitude(r) for r in (7.5, 13, 50, 150, 0.5)] == [1, 1, 2, 2, 0]
+    assert (ratio(0.3, 0.01), ratio(0.3, 0.0), ratio(0.0, 0.0)) == (30.0, float("inf"), 1.0)
 
 
 def test_parameters_are_counted_from_the_safetensors_header(tmp_path):

@@ -221,6 +221,13 @@ def close(a: float, b: float) -> bool:
     return abs(a - b) <= CLOSE_REL * max(abs(a), abs(b))
 
 
+def ratio(a: float, b: float) -> float:
+    """``a / b``; infinite when only ``b`` is 0, 1 when both are (neither is larger)."""
+    if b == 0:
+        return math.inf if a > 0 else 1.0
+    return a / b
+
+
 def orders_of_magnitude(ratio: float) -> int:
     """``ratio`` rounded to a power of ten (8 -> 1, 50 -> 2)."""
     return round(math.log10(ratio)) if ratio > 0 else 0

@@ -12,6 +12,7 @@ run says so). A new section is one more function in ``SECTIONS``.
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import statistics
@@ -25,7 +26,7 @@ from gspo_megatron.experiments.comparison import comparison_table
 from gspo_megatron.experiments.paper_numbers import (
     RULES, SEPARATION_NOTE, TWO_ORDERS, VOLATILITY_REPRODUCED, SAME_WEIGHTS_GAP, Reproduction,
     close, collapsed, end_accuracy, load_reproduction, mean_accuracy, num_evaluations,
-    num_parameters, orders_of_magnitude, phases, separation)
+    num_parameters, orders_of_magnitude, phases, ratio, separation)
 
 CLIP_TOKEN, CLIP_SEQ = "train/clip_frac_token", "train/clip_frac_seq"
 VOLATILITY, TOPK_SET = "routing/activated_expert_changed_frac", "routing/expert_set_changed_frac"
@@ -58,6 +59,8 @@ def _num(x: float) -> str:
 
 
 def _ratio(r: float) -> str:
+    if math.isinf(r):
+        return "GRPO clips none"
     return f"{r:.0f}x" if r >= 10 else f"{r:.1f}x"
 
 
@@ -259,8 +262,9 @@ def claim_clipping(rep: Reproduction, doc: DocInfo) -> str:
     if missing:
         return f"{title} {missing}"
     clips = _clip_phases(rep)
-    ratios = [g / r if r > 0 else float("inf") for _, g, r in clips]
-    orders = [ORDERS.get(n, "many") for n in sorted({orders_of_magnitude(x) for x in ratios})]
+    ratios = [ratio(g, r) for _, g, r in clips]
+    orders = [ORDERS.get(n, "many") for n in
+              sorted({orders_of_magnitude(x) for x in ratios if math.isfinite(x)})] or ["many"]
     if min(ratios) >= TWO_ORDERS:
         verdict = "Agrees"
     elif min(ratios) > 1:
@@ -269,7 +273,8 @@ def claim_clipping(rep: Reproduction, doc: DocInfo) -> str:
                    "on the phase")
     else:
         verdict = "Disagrees: GSPO does not clip more in every phase"
-    parts = [f"in {label} {_pct(g)} vs {_pct(r)} ({_ratio(g / r)})" for label, g, r in clips[1:]]
+    parts = [f"in {label} {_pct(g)} vs {_pct(r)} ({_ratio(ratio(g, r))})"
+             for label, g, r in clips[1:]]
     learn = separation(*(rep.per_seed(v, mean_accuracy) for v in ("gspo_learner", "grpo")))
     tok, seq = (rep.phase_median("gspo_learner", k) for k in (CLIP_TOKEN, CLIP_SEQ))
     return f"""{title} *{verdict}.*
