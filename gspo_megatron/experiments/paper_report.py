@@ -31,7 +31,8 @@ from gspo_megatron.experiments.paper_numbers import (
 CLIP_TOKEN, CLIP_SEQ = "train/clip_frac_token", "train/clip_frac_seq"
 VOLATILITY, TOPK_SET = "routing/activated_expert_changed_frac", "routing/expert_set_changed_frac"
 ENGINE_GAP, SEQ_LOG_RATIO = "rollout/learner_vs_engine_abs_logp", "train/seq_log_ratio_abs_mean"
-VERSUS = {"not separated": "is within the seed spread of", "ahead": "ends ahead of", "behind": "ends behind"}
+VERSUS = {"not separated": "is within the seed spread of", "ahead": "ends ahead of",
+          "behind": "ends behind"}
 ORDERS = {0: "less than one", 1: "one", 2: "two", 3: "three", 4: "four"}
 
 
