@@ -72,9 +72,11 @@ def test_table_and_figure_from_synthetic_rows(tmp_path):
 def test_smoke_of_the_entry_point(tmp_path):
     out = tmp_path / "paper"
     proc = subprocess.run([sys.executable, str(REPO / "tools" / "reproduce_paper.py"),
-                           "--out", str(out), "--smoke"], capture_output=True, text=True,
-                          timeout=900)
+                           "--out", str(out), "--smoke", "--doc", str(out / "doc.md")],
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = (out / "doc.md").read_text()  # 2 steps, nothing clipped: the report still renders
+    assert all(f"- `{v}`: end " in doc for v in VARIANTS) and "4. **GSPO can use" in doc
     table = (out / "comparison.md").read_text().splitlines()
     assert [line.split("|")[1].strip() for line in table[2:]] == list(VARIANTS)
     assert (out / "comparison.png").stat().st_size > 20_000

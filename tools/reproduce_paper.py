@@ -1,18 +1,23 @@
 #!/usr/bin/env python
 """Reproduce the GSPO paper's section-5 comparisons on a tiny MoE: GSPO (old log-probs from the
 learner and from the engine), GRPO and GRPO + Routing Replay, several seeds each; writes
-``<out>/comparison.png`` and ``<out>/comparison.md`` (docs/paper_reproduction.md has the results).
+``<out>/comparison.png`` and ``<out>/comparison.md``, and with ``--doc`` the whole results
+document (``gspo_megatron/experiments/paper_report.py``), its figure under ``<doc dir>/figures/``.
 
-    python tools/reproduce_paper.py --out runs/paper                  # 3 seeds x 4 variants
+    python tools/reproduce_paper.py --out runs/paper --doc docs/paper_reproduction.md
+    python tools/reproduce_paper.py --out runs/paper --doc docs/paper_reproduction.md --no-train
     python tools/reproduce_paper.py --out /tmp/smoke --smoke           # 2 steps of the same thing
 
-Exit codes: 0 done, 1 a training run failed (its log is named), 2 bad arguments.
+``--no-train`` starts no run and names every run of ``--variants`` x ``--seeds`` that is missing.
+
+Exit codes: 0 done, 1 a training run failed (its log is named) or is missing, 2 bad arguments.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
 from pathlib import Path
 
@@ -20,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from gspo_megatron.config import load_config  # noqa: E402
 from gspo_megatron.experiments.comparison import comparison_table, plot_comparison  # noqa: E402
+from gspo_megatron.experiments.paper_numbers import load_reproduction  # noqa: E402
+from gspo_megatron.experiments.paper_report import write_doc  # noqa: E402
 from gspo_megatron.experiments.paper_reproduction import (CONFIG, VARIANTS, Settings,  # noqa: E402
                                                           reproduce)
 
@@ -38,7 +45,11 @@ def main(argv=None) -> int:
                         help="cold-start steps per seed at most (it stops at a loss target)")
     parser.add_argument("--jobs", type=int, default=2, help="training runs at once")
     parser.add_argument("--smoke", action="store_true", help="2 steps, 1 seed, tiny batches (CI)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--doc", type=Path, help="write the results document here "
+                        "(docs/paper_reproduction.md); its figure goes to <doc dir>/figures/")
+    parser.add_argument("--no-train", action="store_true",
+                        help="start no run: figure, table and --doc from the runs in --out")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     kwargs = dict(out=args.out, seeds=tuple(args.seeds), variants=tuple(args.variants),
                   num_steps=args.num_steps, num_sft_steps=args.num_sft_steps, jobs=args.jobs)
@@ -48,16 +59,22 @@ def main(argv=None) -> int:
         parser.error("--num-steps and --num-sft-steps must be >= 1")
     settings = Settings(**kwargs)
     try:
-        runs = reproduce(settings)
+        runs = (load_reproduction(args.out, settings.variants, settings.seeds).rows()
+                if args.no_train else reproduce(settings))
+        cfg = load_config(CONFIG, list(settings.extra))
+        samples = cfg.batch.num_prompts_per_step * cfg.rollout.n_samples_per_prompt
+        figure = plot_comparison(runs, args.out / "comparison.png", samples_per_step=samples)
+        table = comparison_table(runs)
+        (args.out / "comparison.md").write_text(table + "\n")
+        logging.info("wrote %s and %s\n%s", figure, args.out / "comparison.md", table)
+        if args.doc:
+            command = "python tools/reproduce_paper.py " + shlex.join(
+                sys.argv[1:] if argv is None else argv)
+            logging.info("wrote %s", write_doc(args.out, settings.variants, settings.seeds,
+                                               args.doc, figure, command))
     except RuntimeError as exc:
         logging.error("%s", exc)
         return 1
-    cfg = load_config(CONFIG, list(settings.extra))
-    samples = cfg.batch.num_prompts_per_step * cfg.rollout.n_samples_per_prompt
-    figure = plot_comparison(runs, args.out / "comparison.png", samples_per_step=samples)
-    table = comparison_table(runs)
-    (args.out / "comparison.md").write_text(table + "\n")
-    logging.info("wrote %s and %s\n%s", figure, args.out / "comparison.md", table)
     return 0
 
 

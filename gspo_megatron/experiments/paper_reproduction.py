@@ -10,9 +10,10 @@ prompts and samples per step):
     grpo_replay    GRPO + Routing Replay (the paper's fix for GRPO on MoE models)
 
 Each run is a ``gspo-train`` process on ``configs/paper_tiny_moe.yaml`` with overrides, writing
-``<out>/<variant>/seed<k>/metrics.jsonl``; a run whose metrics already reach its last step is not
-run again, so an interrupted reproduction continues where it stopped. ``comparison.py`` turns
-the rows into the figure and the table. Entry point: ``tools/reproduce_paper.py``.
+``<out>/<variant>/seed<k>/metrics.jsonl`` and ``timing.json`` (start, wall time, load); a run
+whose metrics already reach its last step is not run again, so an interrupted reproduction
+continues where it stopped. ``comparison.py`` turns the rows into the figure and the table,
+``paper_report.py`` into docs/paper_reproduction.md. Entry point: ``tools/reproduce_paper.py``.
 """
 
 from __future__ import annotations
@@ -126,7 +127,15 @@ def rl_runs(s: Settings, assets: Path) -> List[RunSpec]:
     return runs
 
 
-def _launch(spec: RunSpec, threads: int) -> float:
+def _write_timing(spec: RunSpec, started: float, seconds: float, threads: int, jobs: int) -> None:
+    """``<run_dir>/timing.json``: when the run started, its wall time and the machine's load
+    (the report quotes them; a skipped, already complete run keeps the one it had)."""
+    timing = {"started_unix": started, "wall_s": seconds, "threads": threads, "jobs": jobs,
+              "num_cpus": os.cpu_count(), "load_avg_1min": os.getloadavg()[0]}
+    (spec.run_dir / "timing.json").write_text(json.dumps(timing) + "\n")
+
+
+def _launch(spec: RunSpec, threads: int, jobs: int = 1) -> float:
     """Run one ``gspo-train`` process (log in ``<run_dir>.log``); seconds taken."""
     if spec.done():
         log.info("%s: already complete", spec.name)
@@ -136,13 +145,14 @@ def _launch(spec: RunSpec, threads: int) -> float:
     cmd = [sys.executable, "-m", "gspo_megatron.cli.train", str(CONFIG),
            f"logging.run_dir={spec.run_dir}", *spec.overrides]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(REPO))
-    start = time.perf_counter()
+    start, started = time.perf_counter(), time.time()
     log.info("%s: started", spec.name)
     with open(f"{spec.run_dir}.log", "w") as out:
         code = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
     if code != 0 or not spec.done():
         raise RuntimeError(f"{spec.name} failed (exit {code}); see {spec.run_dir}.log")
     seconds = time.perf_counter() - start
+    _write_timing(spec, started, seconds, threads, jobs)
     log.info("%s: done in %.0f s", spec.name, seconds)
     return seconds
 
@@ -151,7 +161,7 @@ def run_all(specs: List[RunSpec], jobs: int) -> None:
     """Run ``specs`` at most ``jobs`` at a time; raise after all finished if any failed."""
     threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // max(jobs, 1)))
     with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
-        futures = [pool.submit(_launch, spec, threads) for spec in specs]
+        futures = [pool.submit(_launch, spec, threads, jobs) for spec in specs]
         errors = [str(f.exception()) for f in futures if f.exception() is not None]
     if errors:
         raise RuntimeError("; ".join(errors))
