@@ -26,6 +26,12 @@ COLD = {1: (400, 0.40), 2: (600, 0.38), 3: (300, 0.39)}
 END = {"gspo_learner": (0.70, 0.72, 0.65), "gspo_engine": (0.74, 0.73, 0.65),
        "grpo": (0.69, 0.71, 0.62), "grpo_replay": (0.68, 0.74, 0.64)}
 """Variant -> held-out accuracy at the end, per seed (mid-run evaluation: end - 0.1)."""
+BASE = ("gspo_learner", "gspo_engine", "grpo", "grpo_replay")
+"""The variants written by default (the numbers of the claims' tests are worked out for them)."""
+R3 = ("grpo_r3", "grpo_bf16", "grpo_replay_bf16", "grpo_r3_bf16")
+"""The routing-replay section's variants (``write_reproduction(..., routing=True)``)."""
+GAP = {"grpo_bf16": 2e-3, "grpo_replay_bf16": 2e-3, "grpo_r3_bf16": 5e-4}
+"""Learner vs engine log-prob gap per token (5e-7 for every other variant but gspo_engine)."""
 GRPO_CLIP = {1: 0.04, 2: 0.04, 3: 0.04, 4: 0.04, 5: 0.01, 6: 0.01, 7: 0.002, 8: 0.002}
 """GRPO's token clip fraction per step (every seed); GSPO clips 0.3 at every step."""
 
@@ -41,7 +47,7 @@ def rl_rows(variant: str, end: float, loss: str) -> list:
                "routing/expert_set_changed_frac": 0.03, "train/seq_log_ratio_abs_mean": 0.035,
                "time/step_s": 0.25}
         if variant != "gspo_engine":
-            row["rollout/learner_vs_engine_abs_logp"] = 5e-7
+            row["rollout/learner_vs_engine_abs_logp"] = GAP.get(variant, 5e-7)
         rows.append(row)
     rows[4]["eval/accuracy"], rows[8]["eval/accuracy"] = end - 0.1, end
     return rows
@@ -67,9 +73,11 @@ def write_assets(out: Path) -> None:
 
 
 def write_reproduction(out: Path, end: Optional[Dict[str, tuple]] = None,
-                       extra_variants: Optional[Dict[str, tuple]] = None) -> None:
-    """Cold starts and RL runs of ``VARIANTS`` (plus ``extra_variants``: name -> overrides,
-    ending like ``grpo``); run k of the grid starts at 1e9 + 100 k and takes 60 s (cold: 20 s)."""
+                       extra_variants: Optional[Dict[str, tuple]] = None,
+                       routing: bool = False) -> None:
+    """Cold starts and RL runs of ``BASE`` (with ``routing`` also ``R3``; plus
+    ``extra_variants``: name -> overrides, ending like ``grpo``); run k of the grid starts at
+    1e9 + 100 k and takes 60 s (cold: 20 s)."""
     end = {**END, **(end or {})}
     write_assets(out)
     common = [f"trainer.num_steps={NUM_STEPS}", "trainer.eval_every_steps=4"]
@@ -78,7 +86,8 @@ def write_reproduction(out: Path, end: Optional[Dict[str, tuple]] = None,
         write_run(out / "sft" / f"seed{seed}", [*common, "trainer.num_steps=0", f"trainer.seed={seed}"],
                   [{"step": 0, "sft/num_steps": float(steps), "eval/accuracy": acc,
                     "eval/num_prompts": 200.0}], 1e9 + seed, 20.0)
-    variants = {**VARIANTS, **(extra_variants or {})}
+    names = BASE + (R3 if routing else ())
+    variants = {**{v: VARIANTS[v] for v in names}, **(extra_variants or {})}
     for k, (variant, overrides) in enumerate(variants.items()):
         loss = "gspo" if "algo.loss=gspo" in overrides else "grpo"
         for i, seed in enumerate(SEEDS):

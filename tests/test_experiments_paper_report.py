@@ -14,13 +14,13 @@ import pytest
 from gspo_megatron.experiments.paper_numbers import IncompleteRunsError, load_reproduction
 from gspo_megatron.experiments.paper_report import SECTIONS, DocInfo, render, write_doc
 from gspo_megatron.experiments.paper_reproduction import GRPO_CLIP, VARIANTS
-from tests.paper_runs import SEEDS, write_reproduction
+from tests.paper_runs import BASE, R3, SEEDS, write_reproduction
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = DocInfo("python tools/reproduce_paper.py --out X --doc d.md", "figures/d.png")
 
 
-def _render(out: Path, variants=tuple(VARIANTS)) -> str:
+def _render(out: Path, variants=BASE) -> str:
     return render(load_reproduction(out, variants, SEEDS), DOC)
 
 
@@ -104,10 +104,10 @@ def test_a_verdict_follows_its_rule_when_the_numbers_change(tmp_path):
 
 
 def test_a_new_variant_appears_without_code_changes(tmp_path):
-    write_reproduction(tmp_path, extra_variants={"grpo_r3": GRPO_CLIP + ("algo.routing_replay=true",)})
-    doc = _render(tmp_path, variants=(*VARIANTS, "grpo_r3"))
-    assert doc.count("| grpo_r3 | 0.690 (0.620-0.710) |") == 1
-    assert "- `grpo_r3`: end 0.690 / 0.710 / 0.620" in doc and "`grpo_r3` (GRPO, clip" in doc
+    write_reproduction(tmp_path, extra_variants={"grpo_new": GRPO_CLIP + ("algo.routing_replay=true",)})
+    doc = _render(tmp_path, variants=(*BASE, "grpo_new"))
+    assert doc.count("| grpo_new | 0.690 (0.620-0.710) |") == 1
+    assert "- `grpo_new`: end 0.690 / 0.710 / 0.620" in doc and "`grpo_new` (GRPO, clip" in doc
     assert "All 5 variants" in " ".join(doc.split()) and "for the 18 runs" in " ".join(doc.split())
 
 
@@ -116,7 +116,8 @@ def test_claims_without_their_variants_say_so(tmp_path):
     doc = " ".join(_render(tmp_path, variants=("grpo", "grpo_replay")).split())
     assert doc.count("*Not measured here: needs the gspo_learner runs.*") == 4
     assert "| grpo |" in doc and "| gspo_learner |" not in doc
-    assert len(SECTIONS) == 10 and doc.startswith("# The GSPO paper's")
+    assert len(SECTIONS) == 11 and doc.startswith("# The GSPO paper's")
+    assert "Not measured here: needs the grpo_bf16, grpo_replay_bf16, grpo_r3, grpo_r3_bf16 runs" in doc
 
 
 def test_a_missing_or_unfinished_run_is_named(tmp_path):
@@ -125,7 +126,7 @@ def test_a_missing_or_unfinished_run_is_named(tmp_path):
     lines = (tmp_path / "gspo_engine" / "seed3" / "metrics.jsonl").read_text().splitlines()
     (tmp_path / "gspo_engine" / "seed3" / "metrics.jsonl").write_text("\n".join(lines[:6]))
     with pytest.raises(IncompleteRunsError) as info:
-        write_doc(tmp_path, tuple(VARIANTS), SEEDS, tmp_path / "d.md", tmp_path / "none.png", "x")
+        write_doc(tmp_path, BASE, SEEDS, tmp_path / "d.md", tmp_path / "none.png", "x")
     message = str(info.value)
     assert message.startswith(f"2 run(s) missing or incomplete under {tmp_path}")
     assert "grpo seed 2 (" in message and "last step no rows, expected 8" in message
@@ -137,7 +138,7 @@ def test_the_entry_point_writes_the_doc_and_its_figure_without_training(tmp_path
     write_reproduction(tmp_path / "runs")
     doc_path = tmp_path / "docs" / "paper.md"
     cmd = [sys.executable, str(REPO / "tools" / "reproduce_paper.py"), "--out", str(tmp_path / "runs"),
-           "--no-train", "--doc", str(doc_path)]
+           "--no-train", "--doc", str(doc_path), "--variants", *BASE]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = " ".join(doc_path.read_text().split())
@@ -146,3 +147,21 @@ def test_the_entry_point_writes_the_doc_and_its_figure_without_training(tmp_path
     assert (tmp_path / "docs" / "figures" / "paper.png").stat().st_size > 20_000
     missing = subprocess.run(cmd + ["--seeds", "1", "4"], capture_output=True, text=True, timeout=300)
     assert missing.returncode == 1 and "cold start seed 4" in missing.stderr
+
+
+def test_the_routing_replay_section_reads_the_gap_by_mode_and_engine(tmp_path):
+    """R3's section: one table row per mode and engine precision, the bf16 gap with and without
+    R3 (2e-3 -> 5e-4 in the fixtures), R2's pass routing for itself, and the bf16 variants kept
+    out of claim 1's GRPO group."""
+    write_reproduction(tmp_path, routing=True)
+    doc = " ".join(_render(tmp_path, variants=BASE + R3).split())
+    assert "| R3: rollout | bf16 | 5.00e-04 (5.0e-04-5.0e-04) | 69.0% (62.0-71.0%) |" in doc
+    assert "| off | fp32 | 5.00e-07 (5.0e-07-5.0e-07) |" in doc
+    assert doc.count("| R2: learner |") == 2
+    assert ("disagree by 2.00e-03 nats per token without replay; R3 cuts it to 0.25 of that "
+            "(5.00e-04)") in doc
+    assert "its gap (2.00e-03) is the no-replay one" in doc
+    assert "fp32 engine: GRPO + R3 vs GRPO not separated" in doc
+    assert "`grpo_r3_bf16` (GRPO, clip 0.2 / 0.27, pi_old recomputed by the learner, Routing " \
+           "Replay of the engine's routing (R3, `algo.routing_replay=rollout`), bf16 engine)" in doc
+    assert "8 bytes per token in the trainer here" in doc  # 2 bytes x top-2 x 2 layers

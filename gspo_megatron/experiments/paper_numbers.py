@@ -126,9 +126,11 @@ class Reproduction:
         return list(self.cold_starts.values()) + [r for v in self.runs.values() for r in v.values()]
 
     def with_loss(self, loss: str) -> List[str]:
-        """The variants trained with ``algo.loss == loss``."""
-        return [v for v, by_seed in self.runs.items()
-                if next(iter(by_seed.values())).config.algo.loss == loss]
+        """The variants trained with ``algo.loss == loss`` in the paper's setting: an engine in
+        the learner's precision (the bf16-engine variants are the routing-replay section's)."""
+        configs = {v: next(iter(by_seed.values())).config for v, by_seed in self.runs.items()}
+        return [v for v, c in configs.items()
+                if c.algo.loss == loss and c.rollout.embedded_dtype == "fp32"]
 
 
 def _read_run(run_dir: Path, last_step: Optional[int]) -> tuple:

@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
+from gspo_megatron.config.schema import routing_replay_mode
 from gspo_megatron.experiments.comparison import comparison_table
 from gspo_megatron.experiments.paper_numbers import (
     RULES, SEPARATION_NOTE, TWO_ORDERS, VOLATILITY_REPRODUCED, SAME_WEIGHTS_GAP, Reproduction,
     close, collapsed, end_accuracy, load_reproduction, mean_accuracy, num_evaluations,
     num_parameters, orders_of_magnitude, phases, ratio, separation)
+from gspo_megatron.experiments.paper_routing import routing_replay
 
 CLIP_TOKEN, CLIP_SEQ = "train/clip_frac_token", "train/clip_frac_seq"
 VOLATILITY, TOPK_SET = "routing/activated_expert_changed_frac", "routing/expert_set_changed_frac"
@@ -117,14 +119,19 @@ def _cold_start_line(rep: Reproduction) -> str:
 
 
 def _variant_line(rep: Reproduction, variant: str) -> str:
-    algo = rep.runs[variant][rep.seeds[0]].config.algo
+    cfg = rep.runs[variant][rep.seeds[0]].config
+    algo = cfg.algo
     source = ("pi_old = the rollout engine's log-probs (section 5.4)"
               if algo.old_logprob_source == "rollout" else "pi_old recomputed by the learner")
-    mode = str(algo.routing_replay).lower()  # a bool prints as the override is written
-    replay = (f", Routing Replay (`algo.routing_replay={mode}`)"
-              if algo.routing_replay not in (False, None, "none", "off") else "")
+    mode = routing_replay_mode(algo)  # configs written before R3 hold true / false
+    replay = {"learner": ", Routing Replay of the learner's routing (R2, "
+                         "`algo.routing_replay=learner`)",
+              "rollout": ", Routing Replay of the engine's routing (R3, "
+                         "`algo.routing_replay=rollout`)"}.get(mode, "")
+    engine = (f", {cfg.rollout.embedded_dtype} engine" if cfg.rollout.embedded_dtype != "fp32"
+              else "")
     return (f"`{variant}` ({algo.loss.upper()}, clip {_num(algo.clip_eps_low)} / "
-            f"{_num(algo.clip_eps_high)}, {source}{replay})")
+            f"{_num(algo.clip_eps_high)}, {source}{replay}{engine})")
 
 
 def _timing_line(rep: Reproduction) -> str:
@@ -428,7 +435,7 @@ def left(rep: Reproduction, doc: DocInfo) -> str:
 
 SECTIONS: Tuple[Callable[[Reproduction, DocInfo], str], ...] = (
     header, setting, result, claim_stability, claim_clipping, claim_volatility, claim_engine,
-    rules, diagnostics, left)
+    routing_replay, rules, diagnostics, left)
 
 
 def _wrap(block: str, width: int = 100) -> str:

@@ -41,6 +41,10 @@ VARIANTS: Dict[str, tuple] = {
     "grpo_replay": GRPO_CLIP + ("algo.old_logprob_source=learner", "algo.routing_replay=learner"),
     "grpo_r3": GRPO_CLIP + ("algo.old_logprob_source=learner", "algo.routing_replay=rollout"),
 }
+BF16_ENGINE = ("rollout.embedded_dtype=bf16",)
+"""A bf16 rollout engine beside the fp32 learner: the train / inference mismatch R3 is about."""
+VARIANTS.update({f"{name}_bf16": VARIANTS[name] + BF16_ENGINE
+                 for name in ("grpo", "grpo_replay", "grpo_r3")})
 NUM_EXPERTS, TOPK = 8, 2
 
 
