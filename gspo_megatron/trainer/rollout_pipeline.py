@@ -23,8 +23,8 @@ Checkpoints stay exact: :meth:`checkpoint_state` finishes the in-flight rollout 
 log-probs, while the snapshot still exists) and returns it as plain values for the checkpoint;
 :meth:`restore` puts it back, so a resumed run trains on exactly the samples and pi_old an
 uninterrupted one would have. The sampler state saved next to it already counts the rollout's
-prompts. (A recorded MoE routing is not saved: config validation refuses routing replay with the
-overlap.)
+prompts. (The learner's recorded MoE routing, R2, is not saved: config validation refuses it with
+the overlap. The engine's routing, R3, is part of the samples and is saved with them.)
 """
 
 from __future__ import annotations
