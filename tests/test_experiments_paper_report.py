@@ -82,7 +82,7 @@ def test_claims_three_and_four_and_the_rest(doc):
     assert "~100x its clip range (mean |log s_i| 0.035" in doc
     # 1 min x 12 / 2 layers x 12 runs / 2 at a time = 36 min.
     assert "~1.0 min per 8-step run on this machine, the 12-run grid at 12 layers would take " \
-        "~0.6 h, 2 at a time" in doc and "[volatility_vs_depth.md](volatility_vs_depth.md)" in doc
+        "~0.6 h, 2 at a time" in doc and "Depth was not measured for this document" in doc
 
 
 def test_prose_is_filled_to_100_columns_without_breaking_inline_code(tmp_path):
@@ -165,3 +165,36 @@ def test_the_routing_replay_section_reads_the_gap_by_mode_and_engine(tmp_path):
     assert "`grpo_r3_bf16` (GRPO, clip 0.2 / 0.27, pi_old recomputed by the learner, Routing " \
            "Replay of the engine's routing (R3, `algo.routing_replay=rollout`), bf16 engine)" in doc
     assert "8 bytes per token in the trainer here" in doc  # 2 bytes x top-2 x 2 layers
+
+
+def _depth_runs(root: Path, means: dict) -> Path:
+    """tools/volatility_vs_depth.py's layout: layers<d>/grpo/seed<k>/metrics.jsonl, each seed's
+    per-step activated-experts fraction constant at ``means[d][k]``."""
+    import json
+
+    for layers, per_seed in means.items():
+        for seed, value in enumerate(per_seed, start=1):
+            path = root / f"layers{layers}" / "grpo" / f"seed{seed}" / "metrics.jsonl"
+            path.parent.mkdir(parents=True)
+            path.write_text("".join(json.dumps({"step": s, "routing/activated_expert_changed_frac":
+                                                value}) + "\n" for s in range(1, 6)))
+    return root
+
+
+def test_claim_three_quotes_the_depth_runs_and_their_trend(tmp_path):
+    from gspo_megatron.experiments.paper_depth import depth_sentence
+
+    flat = _depth_runs(tmp_path / "flat", {2: (0.013, 0.019), 16: (0.012, 0.018)})
+    text = depth_sentence(flat, "figures/v.png")
+    assert "**Depth alone does not raise it here**" in text and "5 GRPO steps" in text
+    assert "2 layers 1.6% (1.3-1.9), 16 layers 1.5% (1.2-1.8)" in text
+    assert text.endswith("![expert volatility against depth](figures/v.png)")
+    rising = _depth_runs(tmp_path / "rising", {2: (0.01, 0.012), 4: (0.02, 0.03), 8: (0.05, 0.06)})
+    assert "**Volatility grows with depth here**" in depth_sentence(rising, "f.png")
+    with pytest.raises(RuntimeError, match="no layers<d>/grpo/seed<k>/metrics.jsonl runs"):
+        depth_sentence(tmp_path / "empty", "f.png")
+    write_reproduction(tmp_path / "paper")
+    rep = load_reproduction(tmp_path / "paper", BASE, SEEDS)
+    doc = " ".join(render(rep, DocInfo("cmd", "figures/d.png", depth_out=flat)).split())
+    assert "16 layers 1.5% (1.2-1.8)" in doc and "[volatility_vs_depth.md](volatility_vs_depth.md)" in doc
+    assert "Depth was not measured for this document" in " ".join(render(rep, DOC).split())

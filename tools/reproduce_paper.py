@@ -4,7 +4,8 @@ learner and from the engine), GRPO and GRPO + Routing Replay, several seeds each
 ``<out>/comparison.png`` and ``<out>/comparison.md``, and with ``--doc`` the whole results
 document (``gspo_megatron/experiments/paper_report.py``), its figure under ``<doc dir>/figures/``.
 
-    python tools/reproduce_paper.py --out runs/paper --doc docs/paper_reproduction.md
+    python tools/reproduce_paper.py --out runs/paper --doc docs/paper_reproduction.md \
+        --depth-out runs/depth          # depth: the runs of tools/volatility_vs_depth.py
     python tools/reproduce_paper.py --out runs/paper --doc docs/paper_reproduction.md --no-train
     python tools/reproduce_paper.py --out /tmp/smoke --smoke           # 2 steps of the same thing
 
@@ -47,6 +48,9 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true", help="2 steps, 1 seed, tiny batches (CI)")
     parser.add_argument("--doc", type=Path, help="write the results document here "
                         "(docs/paper_reproduction.md); its figure goes to <doc dir>/figures/")
+    parser.add_argument("--depth-out", type=Path, default=None,
+                        help="the runs of tools/volatility_vs_depth.py, for claim 3's depth "
+                             "numbers (with --doc)")
     parser.add_argument("--no-train", action="store_true",
                         help="start no run: figure, table and --doc from the runs in --out")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -71,7 +75,7 @@ def main(argv=None) -> int:
             command = "python tools/reproduce_paper.py " + shlex.join(
                 sys.argv[1:] if argv is None else argv)
             logging.info("wrote %s", write_doc(args.out, settings.variants, settings.seeds,
-                                               args.doc, figure, command))
+                                               args.doc, figure, command, args.depth_out))
     except RuntimeError as exc:
         logging.error("%s", exc)
         return 1

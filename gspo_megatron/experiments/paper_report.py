@@ -28,6 +28,7 @@ from gspo_megatron.experiments.paper_numbers import (
     RULES, SEPARATION_NOTE, TWO_ORDERS, VOLATILITY_REPRODUCED, SAME_WEIGHTS_GAP, Reproduction,
     close, collapsed, end_accuracy, load_reproduction, mean_accuracy, num_evaluations,
     num_parameters, orders_of_magnitude, phases, ratio, separation)
+from gspo_megatron.experiments.paper_depth import depth_sentence
 from gspo_megatron.experiments.paper_routing import routing_replay
 
 CLIP_TOKEN, CLIP_SEQ = "train/clip_frac_token", "train/clip_frac_seq"
@@ -45,6 +46,9 @@ class DocInfo:
 
     command: str
     figure: str
+    depth_out: Optional[Path] = None
+    """The runs of ``tools/volatility_vs_depth.py`` (claim 3's depth sentences), if given."""
+    depth_figure: str = "figures/volatility_vs_depth.png"
 
 
 def _pct(x: float) -> str:
@@ -95,13 +99,17 @@ the templates in `gspo_megatron/experiments/paper_report.py` and run the command
 (completed runs are skipped, so only the document and its figure are rewritten).
 
 ```bash
-OMP_NUM_THREADS=1 python tools/reproduce_paper.py --out runs/paper --jobs 1 --doc docs/paper_reproduction.md
+python tools/volatility_vs_depth.py --out runs/depth --doc docs/volatility_vs_depth.md \\
+    --figure docs/figures/volatility_vs_depth.png
+OMP_NUM_THREADS=1 python tools/reproduce_paper.py --out runs/paper --jobs 1 \\
+    --doc docs/paper_reproduction.md --depth-out runs/depth
 # -> runs/paper/comparison.png, runs/paper/comparison.md, one run directory per variant and seed
 python tools/reproduce_paper.py --out /tmp/smoke --smoke   # what CI runs: 2 steps, 1 seed
 ```
 
 Code: `gspo_megatron/experiments/` (plan and run the `gspo-train` processes; figure and table;
-`paper_numbers.py` and `paper_report.py` for this document), config
+`paper_numbers.py`, `paper_report.py`, `paper_routing.py` and `paper_depth.py` for this
+document), config
 `configs/paper_tiny_moe.yaml`. Tests: `tests/test_experiments_paper_reproduction.py` (the smoke
 run of the same entry point is the `slow` one), `tests/test_experiments_paper_report.py`."""
 
@@ -349,13 +357,8 @@ def claim_volatility(rep: Reproduction, doc: DocInfo) -> str:
    and experts, also under EP=2 and TP=2+SP: `tests/test_learner_routing.py`), so a deeper model
    can test the claim with `--variants grpo grpo_replay` after changing the model in
    `write_assets`.
-   **Depth alone does not raise it here** ([volatility_vs_depth.md](volatility_vs_depth.md),
-   written by `tools/volatility_vs_depth.py`, has the numbers): the same tiny MoE at 2, 4, 8 and
-   16 layers, each cold-started to the same SFT loss, 50 GRPO steps, 3 seeds, shows no trend of
-   volatility in depth. So the mechanism the paper names (a routing change in one layer shifting
-   all later ones) does not compound at this width up to 16 layers; the paper's ~10% at 48
-   layers comes with 128 experts top-8 and a much wider model, which this machine cannot run.
-   The GRPO-without-replay comparison at 16 layers was therefore not run."""
+
+   {depth_sentence(doc.depth_out, doc.depth_figure)}"""
 
 
 def claim_engine(rep: Reproduction, doc: DocInfo) -> str:
@@ -466,13 +469,15 @@ def render(rep: Reproduction, doc: DocInfo) -> str:
 
 
 def write_doc(out: Path, variants: Sequence[str], seeds: Sequence[int], doc_path: Path,
-              figure: Path, command: str) -> Path:
+              figure: Path, command: str, depth_out: Optional[Path] = None) -> Path:
     """Render the document from the runs under ``out`` to ``doc_path``; ``figure`` is copied to
-    ``<doc dir>/figures/<doc name>.png`` next to it. Raises ``IncompleteRunsError``."""
+    ``<doc dir>/figures/<doc name>.png`` next to it; ``depth_out``: the depth runs (claim 3).
+    Raises ``IncompleteRunsError``."""
     rep = load_reproduction(out, variants, seeds)
     doc_path = Path(doc_path)
     target = doc_path.parent / "figures" / f"{doc_path.stem}.png"
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(figure, target)
-    doc_path.write_text(render(rep, DocInfo(command, str(target.relative_to(doc_path.parent)))))
+    doc_path.write_text(render(rep, DocInfo(command, str(target.relative_to(doc_path.parent)),
+                                            depth_out=depth_out)))
     return doc_path
