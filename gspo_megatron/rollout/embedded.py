@@ -147,7 +147,8 @@ class EmbeddedEngine(RolloutEngine):
         gens = make_generators(seeds)
         input_ids, attention = self._left_pad(prompts)
         stop_ids = set(self._eos_ids) | set(params.stop_token_ids)
-        decoder = make_decoder(self.model, lean=self.lean_decode, record_routing=self.record_routing)
+        decoder = make_decoder(self.model, lean=self.lean_decode,
+                               record_routing=self.record_routing)
         logits = decoder.prefill(input_ids, attention, params.max_new_tokens)
         for _ in range(params.max_new_tokens):
             if should_stop is not None:

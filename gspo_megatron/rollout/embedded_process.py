@@ -46,7 +46,8 @@ def _serve(conn, model_path: str, max_batch_size: int, num_threads: int, logprob
         torch.set_num_threads(num_threads)
         from gspo_megatron.rollout.embedded import EmbeddedEngine
 
-        engine = EmbeddedEngine.from_pretrained(model_path, dtype=dtype, max_batch_size=max_batch_size,
+        engine = EmbeddedEngine.from_pretrained(model_path, dtype=dtype,
+                                                max_batch_size=max_batch_size,
                                                 logprob_mode=logprob_mode, lean_decode=lean_decode,
                                                 record_routing=record_routing)
         engine.model.share_memory()

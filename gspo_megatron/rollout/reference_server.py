@@ -186,8 +186,8 @@ class ReferenceServer:
                 return None
         if job.error is not None:
             return _error(job.error, 500)
-        return 200, self._response(job, job.result, len(ids), time.perf_counter() - t0, want_logprobs,
-                                   want_routing)
+        return 200, self._response(job, job.result, len(ids), time.perf_counter() - t0,
+                                   want_logprobs, want_routing)
 
     def _response(self, job: Job, row: GeneratedRow, prompt_len: int, latency: float,
                   want_logprobs: bool, want_routing: bool) -> Dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The experts a rollout engine routed each token to (R3, rollout routing replay): format and checks.
+"""The experts a rollout engine routed each token to (R3, rollout routing replay): the format,
+and the checks every sample's routing passes.
 
 SGLang 0.5.23 (read in ``srt/managers/io_struct.py``, ``srt/state_capturer/base.py`` and
 ``routed_experts.py``, ``srt/managers/detokenizer_manager.py``, ``tokenizer_manager.py``): a
