@@ -312,8 +312,14 @@ def _replay_sentence(rep: Reproduction, low: bool) -> str:
     effect = {"not separated": "changes nothing measurable", "ahead": "puts GRPO ahead",
               "behind": "puts GRPO behind"}[sep]
     lead = "With volatility this low, GRPO's token ratios stay usable and " if low else ""
+    r3 = ""
+    if "grpo_r3" in rep.runs:  # the engine's routing instead of the learner's (R3)
+        engine = rep.per_seed("grpo_r3", end_accuracy)
+        r3 = (f" Replaying the rollout engine's routing instead (R3) ends at "
+              f"{_acc(statistics.median(engine))} ({separation(engine, plain)} from GRPO; next "
+              "section).")
     return (f" {lead}Routing Replay {effect} ({_acc(statistics.median(replay))} vs "
-            f"{_acc(statistics.median(plain))} at the end: {sep}).")
+            f"{_acc(statistics.median(plain))} at the end: {sep}).{r3}")
 
 
 def _low_volatility(rep: Reproduction) -> bool:
@@ -353,8 +359,9 @@ def claim_volatility(rep: Reproduction, doc: DocInfo) -> str:
    changes under GRPO. The paper's 10% is for 48 layers, where a routing change in one layer
    shifts the input of all later ones; {m.num_layers} layers and {m.num_experts} experts leave
    {"far less room" if low else "room enough here"}.{_replay_sentence(rep, low)} The machinery
-   is tested (replay routes every token to exactly the recorded experts, gradients reach router
-   and experts, also under EP=2 and TP=2+SP: `tests/test_learner_routing.py`), so a deeper model
+   is tested (replay routes every token to exactly the recorded experts, or the engine's,
+   gradients reach router and experts, also under EP=2 and TP=2+SP, and for R3 PP=2 and CP=2:
+   `tests/test_learner_routing.py`), so a deeper model
    can test the claim with `--variants grpo grpo_replay` after changing the model in
    `write_assets`.
 
