@@ -106,6 +106,15 @@ def test_colocated_servers_share_every_node_and_release_memory():
     assert all("--enable-memory-saver" in s.argv for s in plan.servers) and len(plan.servers) == 4
 
 
+def test_r3_servers_capture_routed_experts_and_others_do_not():
+    plain = build_plan(load_config(PROD, ["launch.num_nodes=4"]), NODES, job(), [])
+    assert not any("--enable-return-routed-experts" in s.argv for s in plain.servers)
+    overrides = ["launch.num_nodes=4", "algo.routing_replay=rollout"]
+    plan = build_plan(load_config(PROD, overrides), NODES, job(), overrides)
+    assert all("--enable-return-routed-experts" in s.argv for s in plan.servers)
+    assert len(plan.servers) == 4
+
+
 def test_extra_server_flags_may_not_restate_the_fleet():
     cfg = load_config(PROD, ["launch.num_nodes=4"])
     with pytest.raises(ValueError, match="may not set --tp-size"):
