@@ -265,3 +265,35 @@ def test_a_dead_rollout_server_ends_the_run_with_one_line_and_exit_5(assets, tmp
     assert errors and "rollout servers: sample (prompt_id=" in errors[-1].getMessage()
     assert errors[-1].exc_info is None  # one line, no traceback
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*")) == ["step_000001"]
+
+
+@pytest.mark.slow
+def test_r3_against_a_server_without_the_capture_ends_with_one_line_and_exit_5(assets, tmp_path,
+                                                                             caplog):
+    """algo.routing_replay=rollout attached to a server started without
+    --enable-return-routed-experts: the first rollout's answers lack the routing; the run stops
+    with EXIT_ROLLOUT and one line naming the server and the flag, before any update."""
+    import logging
+
+    from gspo_megatron.cli.train import EXIT_ROLLOUT
+    from gspo_megatron.distributed.runtime import free_port
+    from gspo_megatron.rollout.sglang_launcher import ServerLauncher, reference_server_command
+
+    port = free_port()
+    launcher = ServerLauncher(str(tmp_path / "logs"), env={"OMP_NUM_THREADS": "1"})
+    launcher.start(reference_server_command(str(assets.model_dir), port, python=sys.executable),
+                   f"127.0.0.1:{port}")
+    try:
+        extra = ["trainer.num_steps=2", "rollout.engine=reference", "rollout.mode=disaggregated",
+                 f"rollout.sglang.server_addresses=[127.0.0.1:{port}]",
+                 "rollout.sglang.health_timeout_s=300", "algo.routing_replay=rollout"]
+        with caplog.at_level(logging.ERROR):
+            code = _train(0, _overrides(assets, tmp_path / "run", *extra))["code"]
+    finally:
+        launcher.stop()
+    assert code == EXIT_ROLLOUT
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name == "gspo-train"]
+    message = errors[-1].getMessage()
+    assert f"127.0.0.1:{port}, request" in message and "--enable-return-routed-experts" in message
+    assert errors[-1].exc_info is None
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or len(_rows(tmp_path / "run")) <= 1

@@ -150,6 +150,7 @@ def _exit_code(exc: BaseException, run_dir: Path, log: logging.Logger) -> Option
     from gspo_megatron.learner.learner import NonFiniteTrainingError
     from gspo_megatron.rewards.registry import RewardLookupError
     from gspo_megatron.rollout.server_keys import KeyFileError
+    from gspo_megatron.rollout.routed_experts import MalformedRouting
     from gspo_megatron.rollout.server_pool import NoLiveServer
     from gspo_megatron.rollout.sglang_client import ServerAuthError
     from gspo_megatron.rollout.sglang_engine import SampleFailed, ServerSetupError
@@ -161,7 +162,8 @@ def _exit_code(exc: BaseException, run_dir: Path, log: logging.Logger) -> Option
                  KeyFileError, ServerAuthError, ServerSetupError)
     if isinstance(exc, bad_input):
         code, message = EXIT_CONFIG, str(exc)
-    elif isinstance(exc, (WeightsDidNotArrive, SampleFailed, NoLiveServer, BucketFailed)):
+    elif isinstance(exc, (WeightsDidNotArrive, SampleFailed, NoLiveServer, BucketFailed,
+                          MalformedRouting)):
         code, message = EXIT_ROLLOUT, f"rollout servers: {exc}"
     elif isinstance(exc, NonFiniteTrainingError):
         code, message = EXIT_NONFINITE, str(exc)
