@@ -49,7 +49,8 @@ before a write (its estimate plus 3% and 64 KiB) is within a few percent of the 
 
 Exit codes of `gspo-train`: 0 done, 2 bad configuration or input, 3 repeated non-finite
 losses, 4 an output could not be written (disk full: the partial output is removed; rerun to
-resume), 5 the rollout servers failed (every try of a sample, or the post-sync probe), 124
+resume), 5 the rollout servers failed (every try of a sample, the post-sync probe, or a
+sample without the routing `algo.routing_replay=rollout` replays), 124
 preempted (requeue). `gspo-convert` / `gspo-export`: 0, 2, 4 likewise, 1 other.
 
 **{num_ok} of {num} ok**: {num_bad_ok} of {num_bad} bad inputs, {num_fault_ok} of {num_fault} faults.

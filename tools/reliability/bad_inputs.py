@@ -162,6 +162,11 @@ CASES: List[BadInput] = [
              "algo.kl_coef: must be >= 0"),
     BadInput("TIS cap below 1", "train", _train("algo.tis.cap=0.5"),
              "algo.tis.cap: 0.5 must be >= 1"),
+    BadInput("unknown routing replay mode", "train", _train("algo.routing_replay=engine"),
+             "algo.routing_replay: 'engine' is not one of off, learner, rollout (learner: R2, the "
+             "learner's old-policy routing; rollout: R3, the engine's routing)"),
+    BadInput("engine dtype the embedded engine lacks", "train", _train("rollout.embedded_dtype=fp16"),
+             "rollout.embedded_dtype: 'fp16' is not one of fp32, bf16"),
     BadInput("zero learning rate", "train", _train("optimizer.lr=0"),
              "optimizer.lr: must be > 0"),
     BadInput("min_lr above lr", "train", _train("optimizer.min_lr=1.0"),
