@@ -243,7 +243,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sides", default="trl,gspo,gspo_overlap")
     p.add_argument("--rounds", type=int, default=None,
-                   help="interleaved repeats of every side (default 3; --sweep: 2 per shape)")
+                   help="interleaved repeats of every side (default 3; --sweep: of each side's winner)")
     p.add_argument("--steps", type=int, default=None, help="RL steps per run (default 10; --sweep: 6)")
     p.add_argument("--batch-scale", type=int, default=1, help="prompts per step = 8 x this")
     p.add_argument("--samples", type=int, default=8)
@@ -276,7 +276,7 @@ def main(argv=None) -> int:
         run_trl_child(args)
         return 0
     args.steps = args.steps or (6 if args.sweep else 10)
-    args.rounds = args.rounds or (2 if args.sweep else 3)
+    args.rounds = args.rounds or 3
     if args.sweep:
         sys.path.insert(0, str(Path(__file__).parent))
         from bench_vs_trl_sweep import run_sweep

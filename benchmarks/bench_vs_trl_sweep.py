@@ -49,7 +49,7 @@ AUTO_PROBE_STEPS = 2
 PROBE_TIMEOUT_FACTOR = 2  # a probe run this many times slower than the quickest (+20 s) stops
 HEADLINE_BEGIN = "<!-- bench_vs_trl --sweep headline: begin (written by the benchmark) -->"
 HEADLINE_END = "<!-- bench_vs_trl --sweep headline: end -->"
-DEFAULTS = {"steps": 6, "rounds": 2, "sides": "trl,gspo,gspo_overlap", "shapes": None}
+DEFAULTS = {"steps": 6, "rounds": 3, "sides": "trl,gspo,gspo_overlap", "shapes": None}
 SIDE_NAMES = {"trl": "TRL", "gspo": "on-policy", "gspo_overlap": "overlap"}
 
 
