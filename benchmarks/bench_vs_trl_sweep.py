@@ -154,7 +154,10 @@ def run_shape(shape: Shape, args, sides: List[str], work: Path, trl_python: Path
 
 def run_auto(shape: Shape, args, assets: Path, run_dir: Path, num_cpus: int) -> dict:
     """One overlapped run as a user would start it: the trainer probes and picks its split."""
-    steps = 1 + 3 * AUTO_PROBE_STEPS + 2
+    from gspo_megatron.trainer.overlap_threads import probe_phases
+
+    # the warm-up step, every phase, then steps with the kept split
+    steps = 1 + len(probe_phases("auto", num_cpus, 1)) * AUTO_PROBE_STEPS + 2
     a = _shape_args(args, shape, steps)
     overrides = ("rollout.overlap_thread_split=auto", "rollout.embedded_num_threads=1",
                  f"rollout.overlap_probe_steps={AUTO_PROBE_STEPS}")
@@ -173,10 +176,11 @@ def ratios(row: dict) -> Dict[str, float]:
 def _auto_cell(auto: dict) -> str:
     if not auto:
         return "-"
-    probe = {k.split("_")[1]: v for k, v in auto.items() if k.startswith("overlap/probe_")}
+    probe = {k[len("overlap/probe_"):-len("_step_s")]: v for k, v in auto.items()
+             if k.startswith("overlap/probe_")}
     if not probe:
         return "not probed"
-    kept = min((p for p in probe if p != "serial"), key=probe.get)
+    kept = min((p for p in probe if not p.startswith("serial")), key=probe.get)
     verdict = "**warned: slower than serial**" if auto.get("warned") else "pays, no warning"
     return f"kept `{kept}`; {verdict} ({' / '.join(f'{p} {v:.3f}' for p, v in probe.items())} s)"
 

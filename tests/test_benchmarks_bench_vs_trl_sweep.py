@@ -16,6 +16,7 @@ import pytest
 
 from benchmarks import bench_vs_trl, bench_vs_trl_sweep as sweep
 from gspo_megatron.config.load import load_config
+from gspo_megatron.trainer.overlap_threads import probe_phases
 
 
 def _config(overrides, steps=6):
@@ -42,12 +43,20 @@ def test_overlap_candidates_fix_the_split_and_never_time_the_trainers_probe():
         assert cfg.rollout.overlap_probe_steps == 0 and cfg.rollout.embedded_num_threads == 1
 
 
-def test_the_auto_run_is_long_enough_to_probe_every_phase():
-    steps = 1 + 3 * sweep.AUTO_PROBE_STEPS + 2
-    cfg = _config(["rollout.overlap_thread_split=auto",
-                   f"rollout.overlap_probe_steps={sweep.AUTO_PROBE_STEPS}"], steps=steps)
-    assert cfg.rollout.overlap_thread_split == "auto"
-    assert 1 + 3 * cfg.rollout.overlap_probe_steps < cfg.trainer.num_steps
+def test_the_auto_run_is_long_enough_to_probe_every_phase(monkeypatch):
+    seen = {}
+
+    def fake_run_side(side, args, assets, run_dir, trl, index, threads, overrides):
+        seen.update(steps=args.steps, overrides=overrides, threads=threads)
+        return {"step_s_median": 0.1}
+
+    monkeypatch.setattr(sweep.bench, "run_side", fake_run_side)
+    args = SimpleNamespace(steps=6, with_diagnostics=False)
+    sweep.run_auto(sweep.SHAPES["base"], args, Path("/a"), Path("/r"), num_cpus=2)
+    cfg = _config(list(seen["overrides"]), steps=seen["steps"])
+    assert cfg.rollout.overlap_thread_split == "auto" and seen["threads"] == 2
+    num_phases = len(probe_phases("auto", 2, 1))
+    assert 1 + num_phases * cfg.rollout.overlap_probe_steps < cfg.trainer.num_steps
 
 
 def test_every_shape_writes_a_model_of_its_own_sizes(tmp_path):
@@ -73,7 +82,8 @@ def _row(name, trl, gspo, overlap, auto=None):
 
 def test_table_puts_the_best_shape_first_and_gives_the_range():
     rows = [_row("wide", 1.0, 0.7, 1.05, {"overlap/probe_share_step_s": 1.1,
-                                          "overlap/probe_serial_step_s": 0.8, "warned": True}),
+                                          "overlap/probe_serial_share_step_s": 0.8,
+                                          "warned": True}),
             _row("base", 0.6, 0.4, 0.25)]
     text = sweep.table(rows, ["trl", "gspo", "gspo_overlap"])
     lines = text.splitlines()
@@ -122,7 +132,7 @@ def test_a_run_past_its_time_is_stopped_with_its_children(tmp_path):
 
 
 def _record(rows):
-    return {"args": {"steps": 6, "rounds": 2, "with_diagnostics": False, "sides":
+    return {"args": {"steps": 6, "rounds": 3, "with_diagnostics": False, "sides":
                      "trl,gspo,gspo_overlap", "shapes": None, "doc": "docs/performance.md"},
             "sides": ["trl", "gspo", "gspo_overlap"], "rows": rows, "wall_s": 600.0,
             "started": "2026-12-05 04:19", "num_cpus": 2}

@@ -41,57 +41,64 @@ def test_splits_give_the_learner_the_machine_or_what_the_engine_leaves():
     assert learner_threads("share", 2, 1) == 1 and learner_threads("full", 2, 1) == 2
     assert learner_threads("share", 1, 1) == 1  # at least one stays
     assert learner_threads("share", 8, 3) == 5
-    assert probe_phases("auto", 2, 1) == ["share", "full", "serial"]
-    assert probe_phases("auto", 1, 1) == ["share", "serial"]  # both splits are one thread
-    assert probe_phases("full", 2, 1) == ["full", "serial"]
+    assert probe_phases("auto", 2, 1) == ["share", "full", "serial_share", "serial_full"]
+    assert probe_phases("auto", 1, 1) == ["share", "serial_share"]  # both are one thread
+    assert probe_phases("full", 2, 1) == ["full", "serial_share", "serial_full"]
 
 
 def test_auto_probes_each_split_then_serial_and_keeps_the_faster(caplog):
-    tuner = OverlapThreadTuner("auto", 2, 1, probe_steps=2, num_steps=10)
+    tuner = OverlapThreadTuner("auto", 2, 1, probe_steps=2, num_steps=11)
     with caplog.at_level(logging.INFO):
-        seen, out = _drive(tuner, {"share": 0.5, "full": 0.3, "serial": 0.4})
-    # step 1 warm-up (share), 2-3 share, 4-5 full, 6-7 serial (wait, all threads), then full
-    assert [t for _, t, _ in seen] == [1, 1, 1, 2, 2, 2, 2, 2, 2, 2]
-    assert [s for _, _, s in seen] == [False] * 5 + [True, True] + [False] * 3
+        seen, out = _drive(tuner, {"share": 0.5, "full": 0.3, "serial_share": 0.45,
+                                   "serial_full": 0.4})
+    # 1 warm-up (share), 2-3 share, 4-5 full, 6-7 serial 1 thread, 8-9 serial 2, then full
+    assert [t for _, t, _ in seen] == [1, 1, 1, 2, 2, 1, 1, 2, 2, 2, 2]
+    assert [s for _, _, s in seen] == [False] * 5 + [True] * 4 + [False] * 2
     assert tuner.chosen == "full"
-    assert out["overlap/probe_share_step_s"] == 0.5 and out["overlap/probe_serial_step_s"] == 0.4
+    assert out["overlap/probe_share_step_s"] == 0.5
+    assert out["overlap/probe_serial_full_step_s"] == 0.4
     assert out["overlap/pays"] == 1.0
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_warns_with_the_numbers_when_overlapping_is_slower_than_serial(caplog):
-    tuner = OverlapThreadTuner("auto", 2, 1, probe_steps=2, num_steps=9)
+    tuner = OverlapThreadTuner("auto", 2, 1, probe_steps=2, num_steps=10)
     with caplog.at_level(logging.INFO):
-        seen, out = _drive(tuner, {"share": 0.63, "full": 0.7, "serial": 0.43})
+        seen, out = _drive(tuner, {"share": 0.63, "full": 0.7, "serial_share": 0.43,
+                                   "serial_full": 0.8})
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
-    assert "0.630 s (split 'share')" in warnings[0] and "0.430 s" in warnings[0]
-    assert "rollout.overlap_one_step=false" in warnings[0]
+    assert "0.630 s (split 'share')" in warnings[0]
+    assert "0.430 s with 1 learner thread(s)" in warnings[0]
+    assert "rollout.overlap_one_step=false (OMP_NUM_THREADS=1)" in warnings[0]
     assert tuner.chosen == "share" and out["overlap/pays"] == 0.0
     assert seen[-1][1] == 1  # the rest of the run with the kept split
 
 
-def test_a_hopeless_split_is_dropped_after_one_step(caplog):
-    tuner = OverlapThreadTuner("auto", 2, 1, probe_steps=3, num_steps=12)
+def test_a_hopeless_phase_is_dropped_after_one_step(caplog):
+    tuner = OverlapThreadTuner("auto", 2, 1, probe_steps=3, num_steps=14)
     with caplog.at_level(logging.INFO):
-        seen, out = _drive(tuner, {"share": 0.3, "full": 10.0, "serial": 0.5})
-    # 2-4 share, 5 full (20x slower: dropped), 6-8 serial
-    assert [s for _, _, s in seen] == [False] * 5 + [True] * 3 + [False] * 4
-    assert tuner.step_s["full"] == [10.0] and len(tuner.step_s["serial"]) == 3
+        seen, out = _drive(tuner, {"share": 0.3, "full": 10.0, "serial_share": 0.5,
+                                   "serial_full": 5.0})
+    # 2-4 share, 5 full (20x slower: dropped), 6-8 serial with 1 thread, 9 with 2 (dropped)
+    assert [s for _, _, s in seen] == [False] * 5 + [True] * 4 + [False] * 5
+    assert tuner.step_s["full"] == [10.0] and tuner.step_s["serial_full"] == [5.0]
+    assert len(tuner.step_s["serial_share"]) == 3
     assert tuner.chosen == "share" and out["overlap/pays"] == 1.0
-    assert any("not probed further" in r.getMessage() for r in caplog.records)
+    assert sum("not probed further" in r.getMessage() for r in caplog.records) == 2
 
 
 def test_a_fixed_split_still_checks_against_serial(caplog):
-    tuner = OverlapThreadTuner("full", 2, 1, probe_steps=1, num_steps=5)
+    tuner = OverlapThreadTuner("full", 2, 1, probe_steps=1, num_steps=6)
     with caplog.at_level(logging.WARNING):
-        seen, out = _drive(tuner, {"full": 0.9, "serial": 0.5})
-    assert [t for _, t, _ in seen] == [2] * 5 and [s for _, _, s in seen][2] is True
+        seen, out = _drive(tuner, {"full": 0.9, "serial_share": 0.5, "serial_full": 0.6})
+    assert [t for _, t, _ in seen] == [2, 2, 1, 2, 2, 2]
+    assert [s for _, _, s in seen] == [False, False, True, True, False, False]
     assert out["overlap/pays"] == 0.0 and "overlap/probe_share_step_s" not in out
-    assert len(caplog.records) == 1
+    assert len(caplog.records) == 1 and "OMP_NUM_THREADS=1" in caplog.records[0].getMessage()
 
 
-@pytest.mark.parametrize("num_steps,probe_steps", [(7, 2), (9, 0)])
+@pytest.mark.parametrize("num_steps,probe_steps", [(9, 2), (11, 0)])
 def test_short_runs_and_probe_off_keep_share_without_probing(num_steps, probe_steps, caplog):
     tuner = OverlapThreadTuner("auto", 2, 1, probe_steps=probe_steps, num_steps=num_steps)
     with caplog.at_level(logging.WARNING):
@@ -102,14 +109,16 @@ def test_short_runs_and_probe_off_keep_share_without_probing(num_steps, probe_st
 
 def test_a_resumed_run_probes_from_its_own_first_step():
     tuner = OverlapThreadTuner("auto", 2, 1, probe_steps=1, num_steps=60)
-    seen, out = _drive(tuner, {"share": 0.2, "full": 0.3, "serial": 0.4}, first=51)
-    assert [s for _, _, s in seen][:5] == [False, False, False, True, False]
+    seen, out = _drive(tuner, {"share": 0.2, "full": 0.3, "serial_share": 0.4,
+                               "serial_full": 0.4}, first=51)
+    assert [s for _, _, s in seen][:6] == [False, False, False, True, True, False]
     assert out["overlap/pays"] == 1.0 and tuner.chosen == "share"
 
 
 def test_real_overlapped_run_probes_and_logs_its_choice(tmp_path):
-    """gspo-train with two threads, the overlap and ``auto``: steps 2 / 3 / 4 run share / full /
-    serial, step 4 logs the probe, every step the learner's threads."""
+    """gspo-train with two threads, the overlap and ``auto``: steps 2 / 3 / 4 / 5 run share /
+    full / serial with 1 thread / serial with 2, step 5 logs the probe, every step the learner's
+    threads (a phase may be cut short, never reordered)."""
     from gspo_megatron.tiny_task.assets import make_tiny_assets
     from gspo_megatron.tiny_task.task import AdditionTaskConfig
 
@@ -121,19 +130,22 @@ def test_real_overlapped_run_probes_and_logs_its_choice(tmp_path):
            "data.eval_path=null", f"logging.run_dir={run_dir}", "logging.wandb.enabled=false",
            "logging.plot=false", "batch.num_prompts_per_step=4", "rollout.n_samples_per_prompt=4",
            "batch.num_mini_batches=2", "trainer.num_sft_steps=0", "trainer.eval_every_steps=0",
-           "checkpoint.save_every_steps=0", "trainer.num_steps=5", "rollout.overlap_one_step=true",
+           "checkpoint.save_every_steps=0", "trainer.num_steps=6", "rollout.overlap_one_step=true",
            "rollout.overlap_thread_split=auto", "rollout.overlap_probe_steps=1"]
     env = dict(os.environ, OMP_NUM_THREADS="2", PYTHONPATH=str(REPO))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rows = {r["step"]: r for r in rows if r["step"] >= 1}
-    assert [rows[s]["overlap/learner_threads"] for s in (1, 2, 3, 4)] == [1.0, 1.0, 2.0, 2.0]
-    probe = {k: v for k, v in rows[4].items() if k.startswith("overlap/probe_")}
-    assert set(probe) == {f"overlap/probe_{p}_step_s" for p in ("share", "full", "serial")}
-    assert probe["overlap/probe_serial_step_s"] == rows[4]["time/step_s"]
+    threads = [rows[s]["overlap/learner_threads"] for s in (1, 2, 3, 4, 5)]
+    assert threads == [1.0, 1.0, 2.0, 1.0, 2.0]
+    probe = {k: v for k, v in rows[5].items() if k.startswith("overlap/probe_")}
+    phases = ("share", "full", "serial_share", "serial_full")
+    assert set(probe) == {f"overlap/probe_{p}_step_s" for p in phases}
+    assert probe["overlap/probe_serial_full_step_s"] == rows[5]["time/step_s"]
+    assert probe["overlap/probe_share_step_s"] == rows[2]["time/step_s"]
     pays = min(probe["overlap/probe_share_step_s"], probe["overlap/probe_full_step_s"]) \
-        <= probe["overlap/probe_serial_step_s"]
-    assert rows[4]["overlap/pays"] == float(pays)
+        <= min(probe["overlap/probe_serial_share_step_s"], probe["overlap/probe_serial_full_step_s"])
+    assert rows[5]["overlap/pays"] == float(pays)
     assert ("does not pay here" in proc.stderr) == (not pays)
     assert "overlap probe (median s per step" in proc.stderr

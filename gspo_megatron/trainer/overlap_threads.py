@@ -13,18 +13,20 @@ engine (issue 30; ``docs/performance.md``). Two ways to share the machine
   oversubscribed, once it is done the update has every core.
 - ``auto``: measure. Over the first RL steps (after step 1, which pays the warm-up) the main
   rank runs ``rollout.overlap_probe_steps`` overlapped steps with each split, then as many
-  *serial* steps: it lets the in-flight generation finish before the update and updates with
-  all threads, so generation and update run one after the other as on-policy would (the
-  engine's generation keeps its own threads, so this slightly overstates an on-policy step).
-  The faster split is kept for the rest of the run; a split whose step takes over twice the
-  best median so far is dropped after that one step (on a shared machine, oversubscribed OpenMP
-  threads spinning at their barriers were measured 4-40x slower).
+  *serial* steps with each thread count: it lets the in-flight generation finish before the
+  update, so generation and update run one after the other as on-policy would, the update with
+  the learner threads of ``share`` and then of ``full`` (the engine's generation keeps its own
+  threads, so this slightly overstates an on-policy step). The faster split is kept for the rest
+  of the run; a phase whose step takes over twice the best median of its kind so far is dropped
+  after that one step (on a shared machine, oversubscribed OpenMP threads spinning at their
+  barriers were measured 4-40x slower).
 
-A fixed split still runs the serial probe. When the best overlapped step is slower than the
-serial one, the overlap does not pay on this machine and shape: a WARNING names the numbers and
-suggests ``rollout.overlap_one_step=false``. Changing the learner's thread count can change the
-last bits of some reductions, as any thread setting does; nothing else of the run changes (the
-rollouts and their pi_old are the same whether the update waits for the next generation or not).
+A fixed split still runs the serial steps. When the best overlapped step is slower than the
+best serial one, the overlap does not pay on this machine and shape: a WARNING names the numbers
+and the thread count, and suggests ``rollout.overlap_one_step=false``. Changing the learner's
+thread count can change the last bits of some reductions, as any thread setting does; nothing
+else of the run changes (the rollouts and their pi_old are the same whether the update waits for
+the next generation or not).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SPLITS = ("auto", "share", "full")
-SERIAL = "serial"
+SERIAL = "serial_"  # + a split: generation, then the update with that split's learner threads
 
 
 def learner_threads(split: str, total_threads: int, engine_threads: int) -> int:
@@ -49,21 +51,27 @@ def learner_threads(split: str, total_threads: int, engine_threads: int) -> int:
 
 
 def probe_phases(split: str, total_threads: int, engine_threads: int) -> List[str]:
-    """The phases the probe runs, in order: the candidate splits, then the serial steps."""
-    if split != "auto":
-        return [split, SERIAL]
-    if learner_threads("share", total_threads, engine_threads) == total_threads:
-        return ["share", SERIAL]  # one thread in all: both splits are the same
-    return ["share", "full", SERIAL]
+    """The phases the probe runs, in order: the candidate splits, then the serial steps with
+    each distinct thread count (fewer threads first)."""
+    distinct = ["share"]
+    if learner_threads("full", total_threads, engine_threads) != \
+            learner_threads("share", total_threads, engine_threads):
+        distinct.append("full")
+    splits = distinct if split == "auto" else [split]
+    return splits + [SERIAL + s for s in distinct]
+
+
+def is_serial(phase: Optional[str]) -> bool:
+    return bool(phase) and phase.startswith(SERIAL)
 
 
 class OverlapThreadTuner:
     """Sets the learner's threads step by step while probing, then keeps the faster split.
 
     The loop calls :meth:`before_update` once the next rollout is submitted and
-    :meth:`after_step` with the step's metrics (``time/step_s``). Main rank only. A candidate
-    split whose step takes more than ``CUT_FACTOR`` times the best median so far is dropped
-    after that one step (two OpenMP teams spinning on two shared cores can be 10x slower)."""
+    :meth:`after_step` with the step's metrics (``time/step_s``). Main rank only. A phase
+    whose step takes more than ``CUT_FACTOR`` times the best median of its kind (overlapped or
+    serial) so far is dropped after that one step (OpenMP threads spinning on shared cores)."""
 
     CUT_FACTOR = 2.0
 
@@ -98,9 +106,8 @@ class OverlapThreadTuner:
             self.phases = []
 
     def threads_for(self, phase: str) -> int:
-        if phase == SERIAL:
-            return self.total_threads
-        return learner_threads(phase, self.total_threads, self.engine_threads)
+        split = phase[len(SERIAL):] if is_serial(phase) else phase
+        return learner_threads(split, self.total_threads, self.engine_threads)
 
     def phase(self, step: int) -> Optional[str]:
         """The probe phase of RL step ``step``, or None outside the probe."""
@@ -115,7 +122,7 @@ class OverlapThreadTuner:
         generation first (a serial probe step)."""
         phase = self.phase(step)
         torch.set_num_threads(self.threads_for(phase or self.chosen))
-        return phase == SERIAL
+        return is_serial(phase)
 
     def after_step(self, step: int, metrics: Dict[str, float]) -> Dict[str, float]:
         """Record ``step``'s time; after the last probe step, choose and judge. Returns metrics
@@ -127,8 +134,8 @@ class OverlapThreadTuner:
         times = self.step_s[phase]
         times.append(metrics["time/step_s"])
         done = [statistics.median(self.step_s[p]) for p in self.phases[:self._index]
-                if p != SERIAL]
-        hopeless = phase != SERIAL and done and times[-1] > self.CUT_FACTOR * min(done)
+                if is_serial(p) == is_serial(phase)]
+        hopeless = done and times[-1] > self.CUT_FACTOR * min(done)
         if len(times) == self.probe_steps or hopeless:
             if hopeless and len(times) < self.probe_steps:
                 log.info("overlap probe: split '%s' took %.3f s, over %.0fx the best so far; "
@@ -140,23 +147,24 @@ class OverlapThreadTuner:
 
     def _decide(self) -> Dict[str, float]:
         med = {p: statistics.median(v) for p, v in self.step_s.items()}
-        splits = [p for p in self.phases if p != SERIAL]
-        self.chosen = min(splits, key=lambda p: med[p])
+        self.chosen = min((p for p in self.phases if not is_serial(p)), key=med.get)
+        serial = min((p for p in self.phases if is_serial(p)), key=med.get)
         torch.set_num_threads(self.threads_for(self.chosen))
-        best, serial = med[self.chosen], med[SERIAL]
-        summary = ", ".join(f"{p} {med[p]:.3f} s" for p in self.phases)
-        log.info("overlap probe (median s per step; %s learner threads): %s; keeping split "
-                 "'%s' (%d learner thread(s))", "/".join(str(self.threads_for(p)) for p in
-                                                         self.phases),
-                 summary, self.chosen, self.threads_for(self.chosen))
-        if best > serial:
+        best = med[self.chosen]
+        log.info("overlap probe (median s per step): %s; keeping split '%s' (%d learner "
+                 "thread(s))", ", ".join(f"{p} ({self.threads_for(p)} learner thread(s)) "
+                                         f"{med[p]:.3f} s" for p in self.phases),
+                 self.chosen, self.threads_for(self.chosen))
+        if best > med[serial]:
             log.warning("rollout.overlap_one_step does not pay here: an overlapped step took "
                         "%.3f s (split '%s'), generation then update one after the other %.3f s "
-                        "(%.2fx). Set rollout.overlap_one_step=false: the engine's process "
-                        "takes cores the learner's update needs on this machine and model.",
-                        best, self.chosen, serial, best / serial)
+                        "with %d learner thread(s) (%.2fx). Set rollout.overlap_one_step=false "
+                        "(OMP_NUM_THREADS=%d): the engine's process takes cores the learner's "
+                        "update needs on this machine and model.", best, self.chosen,
+                        med[serial], self.threads_for(serial), best / med[serial],
+                        self.threads_for(serial))
         self.verdict = {f"overlap/probe_{p}_step_s": med[p] for p in self.phases}
-        self.verdict["overlap/pays"] = float(best <= serial)
+        self.verdict["overlap/pays"] = float(best <= med[serial])
         return dict(self.verdict)
 
 
