@@ -260,7 +260,8 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", action="store_true",
                    help="several shapes, each side at its best thread setting "
                         "(benchmarks/bench_vs_trl_sweep.py; --rounds, --steps, --sides apply)")
-    p.add_argument("--shapes", default=None, help="--sweep: comma-separated shape names")
+    p.add_argument("--shapes", default=None,
+                   help="--sweep: comma-separated names (default: all of bench_vs_trl_sweep.SHAPES)")
     p.add_argument("--doc", default=None,
                    help="--sweep: a markdown file whose marked section gets the results")
     p.add_argument("--readme", default=None,

@@ -324,7 +324,7 @@ def run_sweep(args) -> int:
         return 0
     sides = [s for s in args.sides.split(",") if s]
     unknown = [s for s in sides if s not in SIDE_NAMES] + ([] if "trl" in sides else ["(trl)"])
-    names = (args.shapes or "base,long,batch,wide").split(",")
+    names = args.shapes.split(",") if args.shapes else list(SHAPES)
     if unknown or any(n not in SHAPES for n in names) or args.steps < 2:
         raise SystemExit(f"--sweep: sides must include trl and be among {sorted(SIDE_NAMES)} "
                          f"(got {args.sides}), shapes among {sorted(SHAPES)} (got {names}), "
