@@ -12,14 +12,15 @@ engine (issue 30; ``docs/performance.md``). Two ways to share the machine
 - ``full``: the learner keeps all of its threads; while the engine generates the machine is
   oversubscribed, once it is done the update has every core.
 - ``auto``: measure. Over the first RL steps (after step 1, which pays the warm-up) the main
-  rank runs ``rollout.overlap_probe_steps`` overlapped steps with each split, then as many
-  *serial* steps with each thread count: it lets the in-flight generation finish before the
-  update, so generation and update run one after the other as on-policy would, the update with
-  the learner threads of ``share`` and then of ``full`` (the engine's generation keeps its own
-  threads, so this slightly overstates an on-policy step). The faster split is kept for the rest
-  of the run; a phase whose step takes over twice the best median of its kind so far is dropped
-  after that one step (on a shared machine, oversubscribed OpenMP threads spinning at their
-  barriers were measured 4-40x slower).
+  rank runs overlapped steps with each split and *serial* steps with each thread count: a
+  serial step lets the in-flight generation finish before the update, so generation and update
+  run one after the other as on-policy would, the update with the learner threads of ``share``
+  or of ``full`` (the engine's generation keeps its own threads, so this slightly overstates an
+  on-policy step). The phases take turns, one step each, for ``rollout.overlap_probe_steps``
+  rounds, and each counts its fastest step, so a slow start or a busy moment of a shared
+  machine does not decide. The faster split is kept for the rest of the run; a phase whose
+  step takes over twice the best of its kind leaves the later rounds (on a shared machine,
+  oversubscribed OpenMP threads spinning at their barriers were measured 4-40x slower).
 
 A fixed split still runs the serial steps. When the best overlapped step is slower than the
 best serial one, the overlap does not pay on this machine and shape: a WARNING names the numbers
@@ -32,7 +33,6 @@ the next generation or not).
 from __future__ import annotations
 
 import logging
-import statistics
 from typing import Dict, List, Optional
 
 import torch
@@ -69,9 +69,12 @@ class OverlapThreadTuner:
     """Sets the learner's threads step by step while probing, then keeps the faster split.
 
     The loop calls :meth:`before_update` once the next rollout is submitted and
-    :meth:`after_step` with the step's metrics (``time/step_s``). Main rank only. A phase
-    whose step takes more than ``CUT_FACTOR`` times the best median of its kind (overlapped or
-    serial) so far is dropped after that one step (OpenMP threads spinning on shared cores)."""
+    :meth:`after_step` with the step's metrics (``time/step_s``). Main rank only. The phases
+    take turns, one step each, for ``probe_steps`` rounds, so a slow start or a busy moment of
+    the machine does not land on one phase; each phase counts its fastest step (interference
+    only adds time). A phase whose step takes more than ``CUT_FACTOR`` times the best of its
+    kind (overlapped or serial) so far leaves the later rounds (OpenMP threads spinning on
+    shared cores)."""
 
     CUT_FACTOR = 2.0
 
@@ -84,7 +87,9 @@ class OverlapThreadTuner:
         self.phases = probe_phases(split, total_threads, engine_threads) if probe_steps else []
         self.probe_steps = probe_steps
         self._first: Optional[int] = None  # the first RL step of this process (resumed runs)
-        self._index = 0  # the phase being probed; len(phases) once decided
+        self._round: List[str] = list(self.phases)  # this round's phases still to run
+        self._rounds_left = probe_steps - 1
+        self._dropped: set = set()
         self.step_s: Dict[str, List[float]] = {p: [] for p in self.phases}
         self.verdict: Dict[str, float] = {}
         torch.set_num_threads(self.threads_for(self.chosen))
@@ -103,7 +108,7 @@ class OverlapThreadTuner:
             log.info("rollout.overlap_probe_steps=%d: %d RL step(s) are too few to probe %s; "
                      "the learner keeps split '%s'", self.probe_steps, left,
                      "/".join(self.phases), self.chosen)
-            self.phases = []
+            self.phases, self._round = [], []
 
     def threads_for(self, phase: str) -> int:
         split = phase[len(SERIAL):] if is_serial(phase) else phase
@@ -113,9 +118,9 @@ class OverlapThreadTuner:
         """The probe phase of RL step ``step``, or None outside the probe."""
         if self._first is None:
             self._start(step)
-        if step == self._first or self._index >= len(self.phases):
+        if step == self._first or not self._round:
             return None
-        return self.phases[self._index]
+        return self._round[0]
 
     def before_update(self, step: int) -> bool:
         """Set the threads of ``step``'s update; True when it must wait for the in-flight
@@ -133,25 +138,27 @@ class OverlapThreadTuner:
             return out
         times = self.step_s[phase]
         times.append(metrics["time/step_s"])
-        done = [statistics.median(self.step_s[p]) for p in self.phases[:self._index]
-                if is_serial(p) == is_serial(phase)]
-        hopeless = done and times[-1] > self.CUT_FACTOR * min(done)
-        if len(times) == self.probe_steps or hopeless:
-            if hopeless and len(times) < self.probe_steps:
-                log.info("overlap probe: split '%s' took %.3f s, over %.0fx the best so far; "
-                         "not probed further", phase, times[-1], self.CUT_FACTOR)
-            self._index += 1
-            if self._index == len(self.phases):
-                out.update(self._decide())
+        best = [min(self.step_s[p]) for p in self.phases
+                if p != phase and self.step_s[p] and is_serial(p) == is_serial(phase)]
+        if best and times[-1] > self.CUT_FACTOR * min(best) and self._rounds_left:
+            log.info("overlap probe: '%s' took %.3f s, over %.0fx the best of its kind; not "
+                     "probed further", phase, times[-1], self.CUT_FACTOR)
+            self._dropped.add(phase)
+        self._round.pop(0)
+        if not self._round and self._rounds_left:
+            self._rounds_left -= 1
+            self._round = [p for p in self.phases if p not in self._dropped]
+        if not self._round:
+            out.update(self._decide())
         return out
 
     def _decide(self) -> Dict[str, float]:
-        med = {p: statistics.median(v) for p, v in self.step_s.items()}
+        med = {p: min(v) for p, v in self.step_s.items()}  # each phase's fastest step
         self.chosen = min((p for p in self.phases if not is_serial(p)), key=med.get)
         serial = min((p for p in self.phases if is_serial(p)), key=med.get)
         torch.set_num_threads(self.threads_for(self.chosen))
         best = med[self.chosen]
-        log.info("overlap probe (median s per step): %s; keeping split '%s' (%d learner "
+        log.info("overlap probe (fastest s per step): %s; keeping split '%s' (%d learner "
                  "thread(s))", ", ".join(f"{p} ({self.threads_for(p)} learner thread(s)) "
                                          f"{med[p]:.3f} s" for p in self.phases),
                  self.chosen, self.threads_for(self.chosen))
