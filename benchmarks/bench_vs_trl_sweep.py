@@ -119,8 +119,8 @@ def probe_timeout(fastest_s: float):
 
 def run_shape(shape: Shape, args, sides: List[str], work: Path, trl_python: Path) -> dict:
     """Probe every side's candidates, time the winners, run the trainer's own choice once."""
-    assets = bench.make_assets(work / f"assets_h{shape.hidden_size}_e{shape.num_experts}"
-                               f"_k{shape.top_k}", shape.hidden_size, shape.num_experts, shape.top_k)
+    name = f"assets_h{shape.hidden_size}_e{shape.num_experts}_k{shape.top_k}"
+    assets = bench.make_assets(work / name, shape.hidden_size, shape.num_experts, shape.top_k)
     a = _shape_args(args, shape, args.steps)
     run_dir = work / shape.name
     num_cpus = os.cpu_count() or 1
@@ -275,7 +275,8 @@ def headline(record: dict) -> str:
              f"**{span([ratios(r)[s] for r in rows], '{:.2f}')}x**" for s in sides if s != "trl"]
     text = (f"**Speed** against TRL's `GRPOTrainer` over {len(rows)} shapes of a tiny MoE "
             f"(hidden {span([x.hidden_size for x in shapes])}, "
-            f"{span([x.num_experts for x in shapes])} experts, top-k {span([x.top_k for x in shapes])}, "
+            f"{span([x.num_experts for x in shapes])} experts, "
+            f"top-k {span([x.top_k for x in shapes])}, "
             f"{span([x.prompts for x in shapes])} prompts x 8 samples, "
             f"<= {span([x.max_new_tokens for x in shapes])} new tokens), each side on the whole "
             f"machine at its own best thread setting, gspo-train's expert-volatility diagnostic "

@@ -159,8 +159,10 @@ def test_real_overlapped_run_probes_and_logs_its_choice(tmp_path):
     assert set(probe) == {f"overlap/probe_{p}_step_s" for p in phases}
     assert probe["overlap/probe_serial_full_step_s"] == rows[5]["time/step_s"]
     assert probe["overlap/probe_share_step_s"] == rows[2]["time/step_s"]
-    pays = min(probe["overlap/probe_share_step_s"], probe["overlap/probe_full_step_s"]) \
-        <= min(probe["overlap/probe_serial_share_step_s"], probe["overlap/probe_serial_full_step_s"])
+    overlapped = min(probe["overlap/probe_share_step_s"], probe["overlap/probe_full_step_s"])
+    serial = min(probe["overlap/probe_serial_share_step_s"],
+                 probe["overlap/probe_serial_full_step_s"])
+    pays = overlapped <= serial
     assert rows[5]["overlap/pays"] == float(pays)
     assert ("does not pay here" in proc.stderr) == (not pays)
     assert "overlap probe (fastest s per step" in proc.stderr
