@@ -192,7 +192,8 @@ def table(rows: List[dict], sides: List[str]) -> str:
     head = ["shape", "setup"] + [f"{SIDE_NAMES.get(s, s)}: threads, s / step" for s in sides]
     head += [f"{SIDE_NAMES.get(s, s)} vs TRL" for s in gspo]
     if {"gspo", "gspo_overlap"} <= set(sides):
-        head += ["overlap vs on-policy", "trainer's own split (`auto`; probe medians)"]
+        head += ["overlap vs on-policy",
+                 "trainer's own split (`auto`; fastest s / step per probe phase)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         rat = ratios(r)
