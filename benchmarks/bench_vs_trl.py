@@ -3,6 +3,11 @@
     python benchmarks/bench_vs_trl.py                          # 8 prompts x 8 samples, 10 steps, 3 rounds
     python benchmarks/bench_vs_trl.py --batch-scale 4          # 32 prompts x 8 samples
     python benchmarks/bench_vs_trl.py --sides trl,gspo_overlap --rounds 5
+    python benchmarks/bench_vs_trl.py --sweep --doc docs/performance.md --readme README.md
+
+``--sweep`` (``benchmarks/bench_vs_trl_sweep.py``) runs several model and batch shapes, every
+side at its own best thread setting on the whole machine, and writes its table into the
+marked section of ``--doc``. The rest of this docstring is the single-shape mode.
 
 The setup (both sides): a random-init Qwen3-MoE (4 layers, hidden 128, 4 heads / 2 KV heads of
 dim 32, 8 experts top-2 of width 64, ~0.99 M parameters) with the character tokenizer of the tiny
@@ -23,7 +28,8 @@ Sides:
 - ``gspo_overlap``: the same with ``rollout.overlap_one_step=true``.
 - ``gspo_learner_lp``: on-policy, old log-probs recomputed by the learner.
 
-Every side runs in a fresh process with the same ``OMP_NUM_THREADS`` (``--threads``); rounds
+Every side runs in a fresh process with the same ``OMP_NUM_THREADS`` (``--threads``; the overlap's
+learner gives the engine's process its thread, ``rollout.overlap_thread_split=share``); rounds
 interleave the sides (A B C, then C B A, ...), since the machine may be shared. Per run: seconds
 per RL step (median over steps 2..N: step 1 pays one-off warm-up), generated tokens per second
 (response tokens of steps 2..N over their time) and whole-process time (spawn to exit, including
@@ -37,17 +43,21 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
+OVERLAP_WARNING = "rollout.overlap_one_step does not pay here"  # trainer/overlap_threads.py
 STEPS_PER_GENERATION = 4
 GSPO_SIDES = {
     "gspo": [],
-    "gspo_overlap": ["rollout.overlap_one_step=true"],
+    # the split is the harness's setting, never the trainer's probe (it would be timed)
+    "gspo_overlap": ["rollout.overlap_one_step=true", "rollout.overlap_probe_steps=0"],
     "gspo_learner_lp": ["algo.old_logprob_source=learner"],
 }
 
@@ -119,17 +129,19 @@ def ensure_trl_venv(venv: Path, trl_version: str) -> Path:
     return python
 
 
-def make_assets(out: Path) -> Path:
-    """The benchmark model (~0.99 M parameters), tokenizer and prompts, written once."""
+def make_assets(out: Path, hidden_size: int = 128, num_experts: int = 8,
+                num_experts_per_tok: int = 2) -> Path:
+    """The benchmark model (~0.99 M parameters at the defaults), tokenizer and prompts, written
+    once per directory. Heads (4 / 2 KV of dim 32), layers (4) and expert width (64) are fixed."""
     if (out / "model" / "config.json").exists():
         return out
     from gspo_megatron.tiny_task.assets import make_tiny_assets
     from gspo_megatron.tiny_task.model import TinyModelSpec
     from gspo_megatron.tiny_task.task import AdditionTaskConfig
 
-    spec = TinyModelSpec(num_layers=4, hidden_size=128, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=32, num_experts=8,
-                         num_experts_per_tok=2, moe_intermediate_size=64)
+    spec = TinyModelSpec(num_layers=4, hidden_size=hidden_size, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=32, num_experts=num_experts,
+                         num_experts_per_tok=num_experts_per_tok, moe_intermediate_size=64)
     make_tiny_assets(out, task=AdditionTaskConfig(num_train=2000, num_eval=64), spec=spec)
     return out
 
@@ -153,22 +165,45 @@ def _load() -> float:
     return os.getloadavg()[0]
 
 
-def run_side(side: str, args, assets: Path, work: Path, trl_python: Path, index: int) -> dict:
+def _run(cmd, env, timeout_s: Optional[float]):
+    """The finished process, or None when it ran past ``timeout_s`` (then its whole process
+    group, which it was started as, is killed: gspo-train's engine process included)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def run_side(side: str, args, assets: Path, work: Path, trl_python: Path, index,
+             threads: Optional[int] = None, overrides=(), timeout_s: Optional[float] = None) -> dict:
+    """One fresh process of ``side`` with ``OMP_NUM_THREADS=threads`` (``--threads`` when None)
+    and extra gspo-train ``overrides``; its step times, read back from the run. Past
+    ``timeout_s`` the run is stopped and its step time is infinite."""
     run_dir = work / f"{side}_{index}"
     shutil.rmtree(run_dir, ignore_errors=True)  # the metrics log of a run dir is appended to
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(REPO))
+    threads = args.threads if threads is None else threads
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(REPO))
     if side == "trl":
         cmd = [str(trl_python), __file__, "--child", "trl", "--assets", str(assets),
                "--out", str(run_dir), "--steps", str(args.steps), "--prompts", str(args.prompts),
                "--samples", str(args.samples), "--max-new-tokens", str(args.max_new_tokens)]
     else:
-        cmd = gspo_command(args, assets, run_dir, GSPO_SIDES[side])
+        cmd = gspo_command(args, assets, run_dir, [*GSPO_SIDES[side], *overrides])
     load_before = _load()
     start = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    proc = _run(cmd, env, timeout_s)
     whole = time.perf_counter() - start
+    if proc is None:
+        return {"side": side, "round": index, "threads": threads, "overrides": list(overrides),
+                "step_s_median": float("inf"), "stopped_after_s": whole}
     if proc.returncode != 0:
         raise RuntimeError(f"{side} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    extra = {}
     if side == "trl":
         line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
         data = json.loads(line[len("RESULT "):])
@@ -178,12 +213,16 @@ def run_side(side: str, args, assets: Path, work: Path, trl_python: Path, index:
         rows = [r for r in rows if r["step"] >= 1]
         step_s = [r["time/step_s"] for r in rows]
         tokens = [r["rollout/response_len_mean"] * r["rollout/num_sequences"] for r in rows]
+        extra = {k: v for r in rows for k, v in r.items() if k.startswith("overlap/probe")
+                 or k == "overlap/pays"}
+        extra["warned"] = OVERLAP_WARNING in proc.stdout + proc.stderr
     if len(step_s) != args.steps:
         raise RuntimeError(f"{side}: {len(step_s)} step times for {args.steps} steps")
     timed = step_s[1:]
-    return {"side": side, "round": index, "step_s_median": statistics.median(timed),
-            "step_s_all": step_s, "tokens_per_s": sum(tokens[1:]) / sum(timed),
-            "whole_process_s": whole, "load_before": load_before, "load_after": _load()}
+    return {"side": side, "round": index, "threads": threads, "overrides": list(overrides),
+            "step_s_median": statistics.median(timed), "step_s_all": step_s,
+            "tokens_per_s": sum(tokens[1:]) / sum(timed), "whole_process_s": whole,
+            "load_before": load_before, "load_after": _load(), **extra}
 
 
 def summarise(results: list, sides: list) -> str:
@@ -203,8 +242,9 @@ def summarise(results: list, sides: list) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sides", default="trl,gspo,gspo_overlap")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved repeats of every side")
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=None,
+                   help="interleaved repeats of every side (default 3; --sweep: of each side's winner)")
+    p.add_argument("--steps", type=int, default=None, help="RL steps per run (default 10; --sweep: 6)")
     p.add_argument("--batch-scale", type=int, default=1, help="prompts per step = 8 x this")
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=16)
@@ -217,6 +257,17 @@ def main(argv=None) -> int:
     p.add_argument("--work", default=str(REPO / "runs" / "bench_vs_trl"))
     p.add_argument("--trl-venv", default=None, help="default: <work>/trl_venv")
     p.add_argument("--trl-version", default="1.16.0")
+    p.add_argument("--sweep", action="store_true",
+                   help="several shapes, each side at its best thread setting "
+                        "(benchmarks/bench_vs_trl_sweep.py; --rounds, --steps, --sides apply)")
+    p.add_argument("--shapes", default=None,
+                   help="--sweep: comma-separated names (default: all of bench_vs_trl_sweep.SHAPES)")
+    p.add_argument("--doc", default=None,
+                   help="--sweep: a markdown file whose marked section gets the results")
+    p.add_argument("--readme", default=None,
+                   help="--sweep: a markdown file whose marked headline gets the range")
+    p.add_argument("--from-results", default=None,
+                   help="--sweep: render this finished sweep's results.json, measure nothing")
     p.add_argument("--child", choices=["trl"], help=argparse.SUPPRESS)
     p.add_argument("--assets", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -225,6 +276,13 @@ def main(argv=None) -> int:
     if args.child == "trl":
         run_trl_child(args)
         return 0
+    args.steps = args.steps or (6 if args.sweep else 10)
+    args.rounds = args.rounds or 3
+    if args.sweep:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from bench_vs_trl_sweep import run_sweep
+
+        return run_sweep(args)
     args.prompts = 8 * args.batch_scale
     sides = [s for s in args.sides.split(",") if s]
     unknown = [s for s in sides if s != "trl" and s not in GSPO_SIDES]

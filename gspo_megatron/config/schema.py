@@ -340,8 +340,17 @@ class RolloutConfig:
     of a bf16 SGLang fleet, routing flips included, which R3 (``algo.routing_replay=rollout``)
     and TIS address; fp32 matches the learner to ~1e-6 nats per token."""
     embedded_num_threads: int = 1
-    """Torch threads of the embedded engine's process (``overlap_one_step`` only); the main
-    learner rank gives up as many of its own (at least one stays)."""
+    """Torch threads of the embedded engine's process (``overlap_one_step`` only); how the main
+    learner rank's own threads are shared with it is ``overlap_thread_split``."""
+    overlap_thread_split: str = "auto"
+    """``overlap_one_step`` with the embedded engine: ``share`` (the learner gives up
+    ``embedded_num_threads`` of its threads, at least one stays), ``full`` (it keeps all of them;
+    the machine is oversubscribed while the engine generates) or ``auto`` (measure both over the
+    first steps and keep the faster; trainer/overlap_threads.py)."""
+    overlap_probe_steps: int = 2
+    """Overlapped steps per probe phase (each split, then generation and update one after the
+    other); after them a WARNING says when the overlap is slower than not overlapping. 0: no
+    probe and no check (``auto`` then means ``share``)."""
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
 

@@ -236,6 +236,9 @@ def _check_overlap(cfg, check) -> None:
     """One-step off-policy rollouts (rollout.overlap_one_step) and the engine's process."""
     r = cfg.rollout
     check(r.embedded_num_threads >= 1, "rollout.embedded_num_threads", "must be >= 1")
+    check(r.overlap_thread_split in ("auto", "share", "full"), "rollout.overlap_thread_split",
+          f"{r.overlap_thread_split!r} must be 'auto', 'share' or 'full'")
+    check(r.overlap_probe_steps >= 0, "rollout.overlap_probe_steps", "must be >= 0 (0: no probe)")
     if not r.overlap_one_step:
         return
     check(r.engine == "embedded" or r.mode == "disaggregated", "rollout.overlap_one_step",

@@ -63,6 +63,9 @@ class TrainerParts:
     """``weight_sync.learner_sync.LearnerWeightSync`` (every rank)."""
     sync_check: Any = None
     """``trainer.sync_check.SyncCheck`` with ``rollout.weight_sync.verify`` (every rank)."""
+    overlap_threads: Any = None
+    """``trainer.overlap_threads.OverlapThreadTuner`` (main rank, overlap with the embedded
+    engine): the learner's threads beside the engine's process, and the probe of the overlap."""
 
     # ---- weight sync ---------------------------------------------------------------------
     def weight_sync(self) -> Dict[str, float]:
@@ -96,22 +99,27 @@ class TrainerParts:
             self.logger.close()
 
 
+def _overlap_threads(cfg):
+    """The learner's threads beside the embedded engine's process (main rank, overlap only)."""
+    r = cfg.rollout
+    if not (r.overlap_one_step and r.engine == "embedded"):  # the engine's process takes cores
+        return None
+    import torch
+
+    from gspo_megatron.trainer.overlap_threads import OverlapThreadTuner
+
+    return OverlapThreadTuner(r.overlap_thread_split, torch.get_num_threads(),
+                              r.embedded_num_threads, r.overlap_probe_steps, cfg.trainer.num_steps)
+
+
 def _start_engine(cfg, run_dir: Path):
     """The rollout engine (main rank). Started before the learner is built, so a server fleet or
     the embedded engine's process loads its model meanwhile (its handshake is read at first use)."""
-    import torch
-
     from gspo_megatron.rollout.factory import build_engine
-
-    r = cfg.rollout
-    if r.overlap_one_step and r.engine == "embedded":  # the engine's process takes its cores
-        threads = max(1, torch.get_num_threads() - r.embedded_num_threads)
-        log.info("learner: %d torch thread(s) beside the engine's %d", threads, r.embedded_num_threads)
-        torch.set_num_threads(threads)
     from gspo_megatron.rollout.server_keys import key_file_path
-
     from gspo_megatron.trainer.batching import rollout_routing_shape
 
+    r = cfg.rollout
     return build_engine(r, model_path=cfg.model.hf_path, log_dir=str(run_dir / "logs"),
                         key_file=key_file_path(r.sglang.key_file, str(run_dir)),
                         routing_shape=rollout_routing_shape(cfg))
@@ -143,6 +151,7 @@ def build_parts(cfg, runtime, preemption: Optional[PreemptionFlag] = None) -> Tr
     check_input_files(cfg)
     if runtime.is_main and cfg.rollout.engine == "embedded":
         check_hf_weights(cfg)  # the engine loads model.hf_path first
+    threads = _overlap_threads(cfg) if runtime.is_main else None
     engine = _start_engine(cfg, Path(cfg.logging.run_dir)) if runtime.is_main else None
     try:
         if engine is not None and cfg.rollout.mode == "colocated":
@@ -151,7 +160,9 @@ def build_parts(cfg, runtime, preemption: Optional[PreemptionFlag] = None) -> Tr
             # resumes only their weights, the KV cache comes back for the first rollout.
             engine.release_memory()
             log.info("colocated: the rollout engine released its memory before the learner is built")
-        return _build_around_engine(cfg, runtime, preemption, engine)
+        parts = _build_around_engine(cfg, runtime, preemption, engine)
+        parts.overlap_threads = threads
+        return parts
     except BaseException:
         if engine is not None:  # the engine is a process (or a fleet) of its own
             engine.shutdown()
