@@ -88,7 +88,9 @@ class SGLangServerClient:
                                            timeout=timeout_s or self.timeout_s, headers=headers)
         except requests.Timeout as exc:
             raise ServerUnavailable(f"{self.address}{path}: timed out: {exc}", timed_out=True) from exc
-        except requests.ConnectionError as exc:
+        except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
+            # ChunkedEncodingError: the server died while sending its answer (a SIGKILLed real
+            # server mid-response, seen in tests/test_rollout_sglang_real_server.py)
             raise ServerUnavailable(f"{self.address}{path}: {type(exc).__name__}: {exc}") from exc
         if resp.status_code in (401, 403):
             raise ServerAuthError(self.address, path, resp.status_code, token is not None)
