@@ -55,12 +55,19 @@ def _redact_logged_arguments():
     engine._server_args_for_logging = redacted
 
 
+def keyed_argv(arguments, api_key: str, admin_api_key: str) -> list:
+    """launch_server's argv with the keys. ``--flag=value``: a key may start with ``-``
+    (``secrets.token_urlsafe`` draws one in 64 so), which argparse would take for an option after
+    a separate ``--flag`` (SGLang then exits 2: "expected one argument")."""
+    return ["sglang.launch_server", *arguments, f"--api-key={api_key}",
+            f"--admin-api-key={admin_api_key}"]
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit("usage: sglang_keyed_launch.py KEY_FILE [launch_server arguments ...]")
     api_key, admin_api_key = _read_keys(sys.argv[1])
-    sys.argv = ["sglang.launch_server", *sys.argv[2:], "--api-key", api_key,
-                "--admin-api-key", admin_api_key]
+    sys.argv = keyed_argv(sys.argv[2:], api_key, admin_api_key)
     _redact_logged_arguments()
     runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=True)
 
