@@ -237,31 +237,42 @@ def test_overlap_with_a_disaggregated_reference_server(assets, tmp_path):
         assert row["weight_sync/num_servers"] == 1.0 and "weight_sync/continue_s" in row
 
 
+def _train_against_one_reference_server(assets, run_dir: Path, caplog, server_args, *extra: str):
+    """gspo-train (in this process) attached to one reference server started here with
+    ``server_args``; returns (exit code, the server's address, gspo-train's ERROR records)."""
+    import logging
+
+    from gspo_megatron.distributed.runtime import free_port
+    from gspo_megatron.rollout.sglang_launcher import ServerLauncher, reference_server_command
+
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    launcher = ServerLauncher(str(run_dir.parent / "logs"), env={"OMP_NUM_THREADS": "1"})
+    launcher.start(reference_server_command(str(assets.model_dir), port, python=sys.executable,
+                                            extra=list(server_args)), address)
+    try:
+        overrides = ["rollout.engine=reference", "rollout.mode=disaggregated",
+                     f"rollout.sglang.server_addresses=[{address}]",
+                     "rollout.sglang.health_timeout_s=300", *extra]
+        with caplog.at_level(logging.ERROR):
+            code = _train(0, _overrides(assets, run_dir, *overrides))["code"]
+    finally:
+        launcher.stop()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name == "gspo-train"]
+    return code, address, errors
+
+
 @pytest.mark.slow
 def test_a_dead_rollout_server_ends_the_run_with_one_line_and_exit_5(assets, tmp_path, caplog):
     """The only server dies mid-rollout (the stand-in exits on its 5th /generate): the run stops
     with EXIT_ROLLOUT and one error line naming a sample, not a traceback; the checkpoint of the
     step before stays."""
-    import logging
-
     from gspo_megatron.cli.train import EXIT_ROLLOUT
-    from gspo_megatron.distributed.runtime import free_port
-    from gspo_megatron.rollout.sglang_launcher import ServerLauncher, reference_server_command
 
-    port = free_port()
-    launcher = ServerLauncher(str(tmp_path / "logs"), env={"OMP_NUM_THREADS": "1"})
-    launcher.start(reference_server_command(str(assets.model_dir), port, python=sys.executable,
-                                            extra=["--exit-on-request", "40"]), f"127.0.0.1:{port}")
-    try:
-        extra = ["trainer.num_steps=4", "rollout.engine=reference", "rollout.mode=disaggregated",
-                 f"rollout.sglang.server_addresses=[127.0.0.1:{port}]", "rollout.sglang.max_retries=1",
-                 "rollout.sglang.health_timeout_s=300", "checkpoint.save_every_steps=1"]
-        with caplog.at_level(logging.ERROR):
-            code = _train(0, _overrides(assets, tmp_path / "run", *extra))["code"]
-    finally:
-        launcher.stop()
+    code, _, errors = _train_against_one_reference_server(
+        assets, tmp_path / "run", caplog, ["--exit-on-request", "40"], "trainer.num_steps=4",
+        "rollout.sglang.max_retries=1", "checkpoint.save_every_steps=1")
     assert code == EXIT_ROLLOUT
-    errors = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name == "gspo-train"]
     assert errors and "rollout servers: sample (prompt_id=" in errors[-1].getMessage()
     assert errors[-1].exc_info is None  # one line, no traceback
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*")) == ["step_000001"]
@@ -273,27 +284,12 @@ def test_r3_against_a_server_without_the_capture_ends_with_one_line_and_exit_5(a
     """algo.routing_replay=rollout attached to a server started without
     --enable-return-routed-experts: the first rollout's answers lack the routing; the run stops
     with EXIT_ROLLOUT and one line naming the server and the flag, before any update."""
-    import logging
-
     from gspo_megatron.cli.train import EXIT_ROLLOUT
-    from gspo_megatron.distributed.runtime import free_port
-    from gspo_megatron.rollout.sglang_launcher import ServerLauncher, reference_server_command
 
-    port = free_port()
-    launcher = ServerLauncher(str(tmp_path / "logs"), env={"OMP_NUM_THREADS": "1"})
-    launcher.start(reference_server_command(str(assets.model_dir), port, python=sys.executable),
-                   f"127.0.0.1:{port}")
-    try:
-        extra = ["trainer.num_steps=2", "rollout.engine=reference", "rollout.mode=disaggregated",
-                 f"rollout.sglang.server_addresses=[127.0.0.1:{port}]",
-                 "rollout.sglang.health_timeout_s=300", "algo.routing_replay=rollout"]
-        with caplog.at_level(logging.ERROR):
-            code = _train(0, _overrides(assets, tmp_path / "run", *extra))["code"]
-    finally:
-        launcher.stop()
+    code, address, errors = _train_against_one_reference_server(
+        assets, tmp_path / "run", caplog, [], "trainer.num_steps=2", "algo.routing_replay=rollout")
     assert code == EXIT_ROLLOUT
-    errors = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name == "gspo-train"]
     message = errors[-1].getMessage()
-    assert f"127.0.0.1:{port}, request" in message and "--enable-return-routed-experts" in message
+    assert f"{address}, request" in message and "--enable-return-routed-experts" in message
     assert errors[-1].exc_info is None
     assert not (tmp_path / "run" / "metrics.jsonl").exists() or len(_rows(tmp_path / "run")) <= 1
