@@ -116,7 +116,7 @@ def _start_engine(cfg, run_dir: Path):
     """The rollout engine (main rank). Started before the learner is built, so a server fleet or
     the embedded engine's process loads its model meanwhile (its handshake is read at first use)."""
     from gspo_megatron.rollout.factory import build_engine
-    from gspo_megatron.rollout.server_keys import key_file_path
+    from gspo_megatron.rollout.sglang.server_keys import key_file_path
     from gspo_megatron.trainer.batching import rollout_routing_shape
 
     r = cfg.rollout
@@ -138,7 +138,7 @@ def _build_weight_sync(parts: TrainerParts, cfg, runtime):
         transport = build_transport(r.weight_sync, parts.engine, r.engine, mode=r.mode,
                                     server_tp_size=r.sglang.tp, config_dir=cfg.model.hf_path)
     elif dst == "stage":  # its clients send the keys the main rank's engine made or read
-        from gspo_megatron.rollout.server_keys import key_file_path, read_keys, use_keys
+        from gspo_megatron.rollout.sglang.server_keys import key_file_path, read_keys, use_keys
 
         key_file = key_file_path(r.sglang.key_file, cfg.logging.run_dir)
         use_keys(read_keys(key_file) if os.path.exists(key_file) else None)
