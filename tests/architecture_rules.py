@@ -8,6 +8,7 @@ names the breach stably (an allow-list entry matches it), the detail says where 
     floors, allowed = read_floors(repo_root / "docs" / "architecture.md")
     floor_violations(tree, floors, allowed)      # {"trainer -> model": "gspo_megatron/...:22"}
     room_violations(tree, *read_rooms(doc))      # {"rollout/sglang -> rollout/standin": ...}
+    cycle_violations(scan_entry_points(repo_root))   # circles among tools/ and benchmarks/
 """
 
 from __future__ import annotations
@@ -107,6 +108,44 @@ def _absolute(mod: Module, node: ast.ImportFrom) -> str:
         base = base[:-1]
     base = base[:len(base) - node.level + 1]
     return ".".join(base + ([node.module] if node.module else []))
+
+
+ENTRY_POINT_DIRS = ("tools", "benchmarks", "pipelines")
+
+
+def scan_entry_points(root: Path, dirs: Iterable[str] = ENTRY_POINT_DIRS) -> Dict[str, Module]:
+    """The modules of the entry-point folders under ``root``, each with the ones it imports.
+
+    ``from benchmarks import x`` names ``benchmarks.x``; so does ``import x`` (or ``from x import
+    y``) in a file of ``benchmarks/``: a script run by path has its own folder on ``sys.path``."""
+    modules = {}
+    for path in (p for d in dirs for p in sorted((root / d).rglob("*.py"))):
+        parts = path.relative_to(root).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = Module(name, path.relative_to(root), ast.parse(path.read_text()))
+
+    def resolve(name: str, folder: str):
+        for candidate in (name, f"{folder}.{name}"):
+            while candidate not in modules and "." in candidate:
+                candidate = candidate.rsplit(".", 1)[0]
+            if candidate in modules:
+                return candidate
+        return None
+
+    for mod in modules.values():
+        folder = ".".join(mod.path.parent.parts)
+        for node in ast.walk(mod.tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(mod, node)
+                names = [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            for target in (resolve(n, folder) for n in names):
+                if target is not None and target != mod.name:
+                    mod.library.setdefault(target, node.lineno)
+    return modules
 
 
 def _table_rows(doc: Path) -> List[List[str]]:
@@ -209,6 +248,12 @@ def stand_in_violations(tree, stand_in: str, rooms: Iterable[str]) -> Dict[str, 
             if strings:
                 out.setdefault(f"{room} names {stand_in}", f"{tree[start].path}: {strings[0]!r}")
     return out
+
+
+def entry_point_import_violations(tree) -> Dict[str, str]:
+    """Library modules importing an entry-point folder (tools/, benchmarks/, pipelines/, tests/)."""
+    return {f"{mod.package} -> {top}/": mod.where(line) for mod in tree.values()
+            for top, line in mod.third_party.items() if top in ENTRY_POINT_DIRS + ("tests",)}
 
 
 def cycle_violations(tree: Dict[str, Module]) -> Dict[str, str]:

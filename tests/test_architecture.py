@@ -1,12 +1,12 @@
 """The shape of the library stays as docs/architecture.md draws it: packages by floor with no
-upward import and no circle, rollout's rooms as the table lists them with the stand-in out of
-production's reach, rollout never reaching Megatron, learner never reaching SGLang, launch never
-reaching torch, algorithms on torch alone, each concern in one place, no test-only code, short
-functions.
+upward import and no circle (nor among the modules of tools/ and benchmarks/), rollout's rooms
+as the table lists them with the stand-in out of production's reach, rollout never reaching
+Megatron, learner never reaching SGLang, launch never reaching torch, algorithms on torch alone,
+each concern in one place, no test-only code, short functions.
 
 Every rule runs twice: on the real tree (it must hold, up to the entries of ``KNOWN``), and on a
-planted tree that repeats each problem issue 19 found (it must report every one), so a rule that
-silently stopped seeing its problem fails too.
+planted tree that repeats each problem issues 19 and 42 found (it must report every one), so a
+rule that silently stopped seeing its problem fails too.
 
 ``KNOWN`` lists breaches that another engineer is fixing in this round, each with its owner. The
 lead removes an entry once the fix has landed; an entry that no longer matches anything fails
@@ -59,10 +59,12 @@ def check_all(root: Path) -> Dict[str, Dict[str, str]]:
     tree = rules.scan(root)
     floors, allowed = rules.read_floors(DOC)
     return {
-        "floors": rules.floor_violations(tree, floors, allowed),
+        "floors": {**rules.floor_violations(tree, floors, allowed),
+                   **rules.entry_point_import_violations(tree)},
         "rooms": rules.room_violations(tree, *rules.read_rooms(DOC)),
         "stand_in": rules.stand_in_violations(tree, STAND_IN, PRODUCTION_ROOMS),
-        "cycles": rules.cycle_violations(tree),
+        "cycles": {**rules.cycle_violations(tree),
+                   **rules.cycle_violations(rules.scan_entry_points(root))},
         "reach": {**rules.reach_violations(tree, "rollout", rules.MEGATRON),
                   **rules.reach_violations(tree, "learner", rules.SGLANG),
                   **rules.reach_violations(tree, "launch", ("torch",) + rules.MEGATRON)},
@@ -146,20 +148,30 @@ PLANTED = {
                            "def load():\n    for m in BUILTIN:\n        importlib.import_module(m)\n",
     "tiny_task/task.py": "from gspo_megatron.rewards.registry import BUILTIN\n",
     # Issue 42: a stand-in module at rollout's top, the SGLang client importing the stand-in, the
-    # embedded engine naming it on a command line.
+    # embedded engine naming it on a command line, the library importing a benchmark.
     "rollout/reference_server.py": "X = 1\n",
     "rollout/standin/server.py": "X = 1\n",
     "rollout/sglang/client.py": "from gspo_megatron.rollout.standin.server import X\n",
     "rollout/embedded/process.py": "CMD = ['python', '-m', 'gspo_megatron.rollout.standin.server']\n",
+    "trainer/loop.py": "from benchmarks.bench_vs_trl import run_side\n",
+}
+
+PLANTED_ENTRY_POINTS = {
+    # Issue 42: two benchmarks importing each other, one by its bare name (run by path).
+    "benchmarks/bench_vs_trl.py": "def main():\n    from bench_vs_trl_sweep import run_sweep\n",
+    "benchmarks/bench_vs_trl_sweep.py": "try:\n    from benchmarks import bench_vs_trl as bench\n"
+                                        "except ImportError:\n    import bench_vs_trl as bench\n",
 }
 
 EXPECTED = {
-    "floors": {"model -> learner", "rollout -> distributed", "tiny_task -> rewards"},
+    "floors": {"model -> learner", "rollout -> distributed", "tiny_task -> rewards",
+               "trainer -> benchmarks/"},
     "rooms": {"rollout/reference_server.py at the top, not named in its row",
               "rollout/sglang -> rollout/standin"},
     "stand_in": {"rollout/sglang reaches rollout/standin", "rollout/embedded names rollout/standin"},
     "cycles": {"circle: gspo_megatron.learner.batch <-> gspo_megatron.learner.context_parallel",
-               "circle: gspo_megatron.rewards.registry <-> gspo_megatron.tiny_task.task"},
+               "circle: gspo_megatron.rewards.registry <-> gspo_megatron.tiny_task.task",
+               "circle: benchmarks.bench_vs_trl <-> benchmarks.bench_vs_trl_sweep"},
     "reach": {"rollout reaches megatron", "learner reaches sglang"},
     "third_party": {"sglang imported by learner/"},
     "algorithms": {"algorithms imports numpy"},
@@ -184,6 +196,9 @@ def test_every_rule_reports_the_problems_it_exists_for(tmp_path):
         (path.parent / "__init__.py").touch()
         path.write_text(textwrap.dedent(text))
     (lib / "__init__.py").touch()
+    for rel, text in PLANTED_ENTRY_POINTS.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
     found = check_all(tmp_path)
     assert set(found) == set(RULES) == set(EXPECTED)
     for rule, keys in EXPECTED.items():
