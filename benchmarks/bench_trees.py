@@ -5,11 +5,11 @@
     python benchmarks/bench_trees.py --before /tmp/before algo.old_logprob_source=learner
 
 Each round runs both trees once (A B, then B A, ...) with ``OMP_NUM_THREADS=1``, on the model,
-prompts and overrides of ``bench_vs_trl.py`` (this checkout's copy; the config file comes from
-each tree). Per run: the medians over steps 2..N of the step's phase times from its
-``metrics.jsonl``, and the whole-process time; the summary gives the median over rounds. Extra
-arguments are gspo-train overrides for both trees. Used for the before / after table of
-docs/performance.md.
+prompts and overrides of ``bench_vs_trl.py`` (its setup, ``vs_trl_setup.py``: this checkout's
+copy; the config file comes from each tree). Per run: the medians over steps 2..N of the step's
+phase times from its ``metrics.jsonl``, and the whole-process time; the summary gives the median
+over rounds. Extra arguments are gspo-train overrides for both trees. Used for the before / after
+table of docs/performance.md.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import bench_vs_trl  # noqa: E402  (the setup, shared)
+import vs_trl_setup  # noqa: E402  (bench_vs_trl.py's setup, shared)
 
 PHASES = ("time/step_s", "time/rollout_s", "time/update_s", "time/old_logprobs_s",
           "time/weight_sync_s")
@@ -34,7 +34,7 @@ PHASES = ("time/step_s", "time/rollout_s", "time/update_s", "time/old_logprobs_s
 
 def run_tree(root: Path, run_dir: Path, args) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = bench_vs_trl.gspo_command(args, args.assets, run_dir, args.overrides)
+    cmd = vs_trl_setup.gspo_command(args, args.assets, run_dir, args.overrides)
     cmd[3] = str(root / "configs" / "tiny_cpu.yaml")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(root))
     start = time.perf_counter()
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     args.prompts, args.samples, args.max_new_tokens = 8 * args.batch_scale, 8, 16
     args.with_diagnostics = False
     work = Path(args.work)
-    args.assets = bench_vs_trl.make_assets(work / "assets")
+    args.assets = vs_trl_setup.make_assets(work / "assets")
     trees = {"before": Path(args.before).resolve(), "after": Path(args.after).resolve()}
     results = []
     for r in range(args.rounds):

@@ -7,8 +7,8 @@ machine at its own best thread setting.
     python benchmarks/bench_vs_trl.py --sweep --shapes base,wide --rounds 3
 
 Per shape (model width, experts, top-k, prompts per step, response length; ``SHAPES``), both
-sides get the same model, prompts and recipe (``bench_vs_trl.py``'s setup) and every CPU of the
-machine. The candidates are each side's thread settings the machine allows (``candidates``):
+sides get the same model, prompts and recipe (``vs_trl_setup.py``, as ``bench_vs_trl.py``) and
+every CPU of the machine. The candidates are each side's thread settings the machine allows (``candidates``):
 TRL and on-policy gspo-train with 1 .. ``os.cpu_count()`` OpenMP threads; the overlap with
 ``rollout.overlap_thread_split`` ``share`` (the learner gives the engine's process its thread)
 and ``full`` (the learner keeps every thread). A probe round runs every candidate once, the
@@ -28,6 +28,7 @@ its conditions: numbers in the docs are written by the run that measured them
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -39,9 +40,9 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 try:
-    from benchmarks import bench_vs_trl as bench  # imported from the repository root (tests)
+    from benchmarks import vs_trl_setup as bench  # imported from the repository root (tests)
 except ImportError:  # run as bench_vs_trl.py --sweep, with benchmarks/ on sys.path
-    import bench_vs_trl as bench
+    import vs_trl_setup as bench
 
 MARK_BEGIN = "<!-- bench_vs_trl --sweep: begin (written by the benchmark; do not edit) -->"
 MARK_END = "<!-- bench_vs_trl --sweep: end -->"
@@ -102,7 +103,7 @@ def candidates(side: str, num_cpus: int) -> List[Setting]:
 
 
 def _shape_args(args, shape: Shape, steps: int):
-    a = bench.argparse.Namespace(**vars(args))
+    a = argparse.Namespace(**vars(args))
     a.prompts, a.samples, a.max_new_tokens, a.steps = (shape.prompts, shape.samples,
                                                        shape.max_new_tokens, steps)
     return a

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.sync_model import Hardware, LearnerLayout, predict  # noqa: E402
 from gspo_megatron.config.schema import WeightSyncConfig  # noqa: E402
-from gspo_megatron.rollout.embedded import EmbeddedEngine  # noqa: E402
+from gspo_megatron.rollout.embedded.engine import EmbeddedEngine  # noqa: E402
 from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model  # noqa: E402
 from gspo_megatron.weight_sync import build_transport  # noqa: E402
 

@@ -7,6 +7,8 @@ names the breach stably (an allow-list entry matches it), the detail says where 
     tree = scan(repo_root)                       # the gspo_megatron/ package under repo_root
     floors, allowed = read_floors(repo_root / "docs" / "architecture.md")
     floor_violations(tree, floors, allowed)      # {"trainer -> model": "gspo_megatron/...:22"}
+    room_violations(tree, *read_rooms(doc))      # {"rollout/sglang -> rollout/standin": ...}
+    cycle_violations(scan_entry_points(repo_root))   # circles among tools/ and benchmarks/
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Set, Tuple
 
 LIB = "gspo_megatron"
 MEGATRON = ("megatron", "transformer_engine", "apex")
@@ -40,6 +42,12 @@ class Module:
         """``learner`` for ``gspo_megatron.learner.batch``; '' for the top-level ``__init__``."""
         parts = self.name.split(".")
         return parts[1] if len(parts) > 1 else ""
+
+    @property
+    def room(self) -> str:
+        """``rollout/sglang`` for ``gspo_megatron/rollout/sglang/engine.py``, ``rollout`` for
+        ``gspo_megatron/rollout/types.py``: the folder under the library that holds the module."""
+        return "/".join(self.path.parts[1:-1])
 
     def where(self, line: int) -> str:
         return f"{self.path.as_posix()}:{line}"
@@ -102,16 +110,78 @@ def _absolute(mod: Module, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
+ENTRY_POINT_DIRS = ("tools", "benchmarks", "pipelines")
+
+
+def scan_entry_points(root: Path, dirs: Iterable[str] = ENTRY_POINT_DIRS) -> Dict[str, Module]:
+    """The modules of the entry-point folders under ``root``, each with the ones it imports.
+
+    ``from benchmarks import x`` names ``benchmarks.x``; so does ``import x`` (or ``from x import
+    y``) in a file of ``benchmarks/``: a script run by path has its own folder on ``sys.path``."""
+    modules = {}
+    for path in (p for d in dirs for p in sorted((root / d).rglob("*.py"))):
+        parts = path.relative_to(root).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = Module(name, path.relative_to(root), ast.parse(path.read_text()))
+
+    def resolve(name: str, folder: str):
+        for candidate in (name, f"{folder}.{name}"):
+            while candidate not in modules and "." in candidate:
+                candidate = candidate.rsplit(".", 1)[0]
+            if candidate in modules:
+                return candidate
+        return None
+
+    for mod in modules.values():
+        folder = ".".join(mod.path.parent.parts)
+        for node in ast.walk(mod.tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(mod, node)
+                names = [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            for target in (resolve(n, folder) for n in names):
+                if target is not None and target != mod.name:
+                    mod.library.setdefault(target, node.lineno)
+    return modules
+
+
+def _table_rows(doc: Path) -> List[List[str]]:
+    """The architecture table's rows: ``[floor, folder, one job, may import]``."""
+    rows = []
+    for line in doc.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].isdigit():
+            rows.append(cells)
+    return rows
+
+
 def read_floors(doc: Path) -> Tuple[Dict[str, int], Dict[str, Set[str]]]:
     """``(floor of each package, packages each may import)`` from the architecture table."""
     floors, allowed = {}, {}
-    for line in doc.read_text().splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 4 and cells[0].isdigit() and re.fullmatch(r"`\w+/`", cells[1]):
-            package = cells[1].strip("`/")
-            floors[package] = int(cells[0])
-            allowed[package] = set(re.findall(r"`(\w+)`", cells[3]))
+    for floor, folder, _, may_import in _table_rows(doc):
+        if re.fullmatch(r"`\w+/`", folder):
+            package = folder.strip("`/")
+            floors[package] = int(floor)
+            allowed[package] = set(re.findall(r"`(\w+)`", may_import))
     return floors, allowed
+
+
+def read_rooms(doc: Path) -> Tuple[Dict[str, Set[str]], Dict[str, Set[str]]]:
+    """``(sibling rooms each room may import, files each package with rooms keeps at its top)``.
+
+    A room is a subpackage with a row of its own (`` `rollout/sglang/` ``); its "may import"
+    cell names sibling rooms (`` `rollout/embedded/` ``). The top's files are the ``x.py`` that
+    its package's row names."""
+    rows = {folder.strip("`/"): (job, may_import) for _, folder, job, may_import in _table_rows(doc)
+            if re.fullmatch(r"`\w+/(\w+/)?`", folder)}
+    rooms = {name: set(re.findall(r"`(\w+/\w+)/`", may)) for name, (_, may) in rows.items()
+             if "/" in name}
+    tops = {package: set(re.findall(r"`(\w+\.py)`", rows[package][0]))
+            for package in {r.split("/")[0] for r in rooms} if package in rows}
+    return rooms, tops
 
 
 def package_edges(tree: Dict[str, Module]) -> Dict[Tuple[str, str], str]:
@@ -138,6 +208,52 @@ def floor_violations(tree, floors, allowed) -> Dict[str, str]:
             if floors.get(dst, 1 << 30) >= floors[src]:
                 out[f"{src} may import {dst}, not below it"] = "docs/architecture.md"
     return out
+
+
+def room_violations(tree, rooms: Dict[str, Set[str]], tops: Dict[str, Set[str]]) -> Dict[str, str]:
+    """Rooms (subpackages) and table rows that disagree, a package's top holding other files than
+    its row names, and a room importing a sibling room its row does not list."""
+    out = {}
+    on_disk = {m.room for m in tree.values() if m.room.count("/") == 1}
+    for room in sorted(on_disk ^ set(rooms)):
+        out[f"{room}/ has no row" if room in on_disk else f"{room}/ has a row, no folder"] = \
+            "docs/architecture.md and gspo_megatron/ disagree"
+    for package in sorted({r.split("/")[0] for r in on_disk | set(rooms)}):
+        at_top = {m.path.name for m in tree.values()
+                  if m.room == package and m.path.name != "__init__.py"}
+        for name in sorted(at_top ^ tops.get(package, set())):
+            problem = ("at the top, not named in its row" if name in at_top
+                       else "in its row, not at the top")
+            out[f"{package}/{name} {problem}"] = f"docs/architecture.md, {LIB}/{package}/"
+    for mod in tree.values():
+        for target, line in mod.library.items():
+            other = tree[target].room
+            if mod.room in rooms and other in rooms and other != mod.room \
+                    and other not in rooms[mod.room]:
+                out[f"{mod.room} -> {other}"] = mod.where(line)
+    return out
+
+
+def stand_in_violations(tree, stand_in: str, rooms: Iterable[str]) -> Dict[str, str]:
+    """``rooms`` (production code) reaching the test double's room ``stand_in`` through any chain
+    of imports, or naming one of its modules in a string (a ``python -m`` command line)."""
+    named = re.compile(re.escape(f"{LIB}/{stand_in}").replace("/", "[./]") + r"(?!\w)")
+    out = {}
+    for room in rooms:
+        for start in sorted(n for n, m in tree.items() if m.room == room):
+            chain = _chain(tree, start, lambda n: tree[n].room == stand_in)
+            if chain:
+                out.setdefault(f"{room} reaches {stand_in}", " -> ".join(chain))
+            strings = [s for s in module_strings(tree[start]) if named.search(s)]
+            if strings:
+                out.setdefault(f"{room} names {stand_in}", f"{tree[start].path}: {strings[0]!r}")
+    return out
+
+
+def entry_point_import_violations(tree) -> Dict[str, str]:
+    """Library modules importing an entry-point folder (tools/, benchmarks/, pipelines/, tests/)."""
+    return {f"{mod.package} -> {top}/": mod.where(line) for mod in tree.values()
+            for top, line in mod.third_party.items() if top in ENTRY_POINT_DIRS + ("tests",)}
 
 
 def cycle_violations(tree: Dict[str, Module]) -> Dict[str, str]:
@@ -194,8 +310,9 @@ def _strongly_connected(graph: Dict[str, Set[str]]) -> List[Set[str]]:
 def reach_violations(tree, package: str, forbidden: Iterable[str]) -> Dict[str, str]:
     """``package`` reaching a forbidden third-party package through any chain of imports."""
     out = {}
+    forbidden = set(forbidden)
     for start in sorted(n for n, m in tree.items() if m.package == package):
-        chain = _chain_to(tree, start, set(forbidden))
+        chain = _chain(tree, start, lambda n: bool(forbidden & set(tree[n].third_party)))
         if chain:
             top = tree[chain[-1]].third_party
             hit = next(t for t in forbidden if t in top)
@@ -203,11 +320,12 @@ def reach_violations(tree, package: str, forbidden: Iterable[str]) -> Dict[str, 
     return out
 
 
-def _chain_to(tree, start: str, forbidden: Set[str]) -> List[str]:
+def _chain(tree, start: str, found: Callable[[str], bool]) -> List[str]:
+    """The shortest chain of imports from ``start`` to a module where ``found`` holds; [] if none."""
     paths, seen = [[start]], {start}
     while paths:  # breadth first: the shortest chain is the clearest message
         path = paths.pop(0)
-        if forbidden & set(tree[path[-1]].third_party):
+        if found(path[-1]):
             return path
         for nxt in sorted(tree[path[-1]].library):
             if nxt not in seen:
@@ -265,15 +383,19 @@ def _decorator_name(node: ast.expr) -> str:
     return target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
 
 
-def library_strings(tree) -> str:
-    """Every string constant of the library but docstrings: command lines such as
-    ``python -m gspo_megatron.rollout.reference_server`` name the modules they run."""
-    docstrings = {id(n.body[0].value) for mod in tree.values() for n in ast.walk(mod.tree)
+def module_strings(mod: Module) -> List[str]:
+    """The module's string constants but docstrings: command lines such as
+    ``python -m gspo_megatron.rollout.standin.server`` name the modules they run."""
+    docstrings = {id(n.body[0].value) for n in ast.walk(mod.tree)
                   if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef))
                   and ast.get_docstring(n) is not None}
-    return "\n".join(n.value for mod in tree.values() for n in ast.walk(mod.tree)
-                     if isinstance(n, ast.Constant) and isinstance(n.value, str)
-                     and id(n) not in docstrings)
+    return [n.value for n in ast.walk(mod.tree) if isinstance(n, ast.Constant)
+            and isinstance(n.value, str) and id(n) not in docstrings]
+
+
+def library_strings(tree) -> str:
+    """Every string constant of the library but docstrings (:func:`module_strings`)."""
+    return "\n".join(s for mod in tree.values() for s in module_strings(mod))
 
 
 def orphan_module_violations(tree, product_texts: str) -> Dict[str, str]:

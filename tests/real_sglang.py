@@ -2,7 +2,7 @@
 
 The server runs from its own virtualenv (``make sglang-venv``: sglang 0.5.23, the CUDA-only
 ``sglang-kernel`` removed, our CPU ``sgl_kernel`` from ``sglang_cpu/``), with the command line
-our launcher builds for ``rollout.sglang.device=cpu`` (``rollout/sglang_launcher.py``). No skip:
+our launcher builds for ``rollout.sglang.device=cpu`` (``rollout/sglang/launcher.py``). No skip:
 a server that does not start fails the test with the tail of its log.
 
 SGLang's launcher forks a scheduler and a detokenizer; the server starts in a session of its own
@@ -25,7 +25,7 @@ import requests
 
 from gspo_megatron.config.schema import SGLangConfig
 from gspo_megatron.distributed.runtime import free_port
-from gspo_megatron.rollout.sglang_launcher import sglang_server_command, sglang_server_env
+from gspo_megatron.rollout.sglang.launcher import sglang_server_command, sglang_server_env
 
 REPO = Path(__file__).resolve().parents[1]
 SGLANG_PYTHON = os.environ.get("GSPO_SGLANG_PYTHON", str(REPO / ".venv-sglang" / "bin" / "python"))

@@ -1,12 +1,13 @@
-"""The gspo-train side of benchmarks/bench_vs_trl.py (and bench_trees.py, which reuses it): the
-command it runs is a valid config for every side, and the summary's ratio is TRL's over ours."""
+"""The gspo-train side of benchmarks/bench_vs_trl.py (its setup, vs_trl_setup.py, which the sweep and
+bench_trees.py reuse): the command it runs is a valid config for every side, and the summary's
+ratio is TRL's over ours."""
 
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import bench_vs_trl
+from benchmarks import bench_vs_trl, vs_trl_setup
 from gspo_megatron.config.load import load_config
 
 
@@ -15,14 +16,14 @@ def _args(**kw):
     return SimpleNamespace(**{**base, **kw})
 
 
-@pytest.mark.parametrize("side", sorted(bench_vs_trl.GSPO_SIDES))
+@pytest.mark.parametrize("side", sorted(vs_trl_setup.GSPO_SIDES))
 def test_every_gspo_side_is_a_valid_config_of_the_stated_setup(tmp_path, side):
-    cmd = bench_vs_trl.gspo_command(_args(), Path("/assets"), tmp_path,
-                                    bench_vs_trl.GSPO_SIDES[side])
+    cmd = vs_trl_setup.gspo_command(_args(), Path("/assets"), tmp_path,
+                                    vs_trl_setup.GSPO_SIDES[side])
     assert cmd[1:3] == ["-m", "gspo_megatron.cli.train"]
     cfg = load_config(cmd[3], cmd[4:])  # unknown or renamed keys would raise here
     assert (cfg.batch.num_prompts_per_step, cfg.rollout.n_samples_per_prompt) == (8, 8)
-    assert cfg.batch.num_mini_batches == bench_vs_trl.STEPS_PER_GENERATION
+    assert cfg.batch.num_mini_batches == vs_trl_setup.STEPS_PER_GENERATION
     assert cfg.rollout.max_new_tokens == 16 and cfg.trainer.num_steps == 10
     assert (cfg.algo.clip_eps_low, cfg.algo.clip_eps_high) == (3e-4, 4e-4)  # TRL side's epsilons
     assert cfg.optimizer.lr == 1e-5 and cfg.optimizer.lr_decay_style == "constant"
@@ -32,7 +33,7 @@ def test_every_gspo_side_is_a_valid_config_of_the_stated_setup(tmp_path, side):
 
 
 def test_diagnostics_stay_on_when_asked(tmp_path):
-    cmd = bench_vs_trl.gspo_command(_args(with_diagnostics=True), Path("/a"), tmp_path, [])
+    cmd = vs_trl_setup.gspo_command(_args(with_diagnostics=True), Path("/a"), tmp_path, [])
     assert load_config(cmd[3], cmd[4:]).algo.diagnostics.expert_volatility_num_seqs > 0
 
 

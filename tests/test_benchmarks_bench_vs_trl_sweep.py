@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import bench_vs_trl, bench_vs_trl_sweep as sweep
+from benchmarks import bench_vs_trl_sweep as sweep, vs_trl_setup
 from gspo_megatron.config.load import load_config
 from gspo_megatron.trainer.overlap_threads import probe_phases
 
@@ -22,8 +22,8 @@ from gspo_megatron.trainer.overlap_threads import probe_phases
 def _config(overrides, steps=6):
     args = SimpleNamespace(steps=steps, prompts=16, samples=8, max_new_tokens=48,
                            with_diagnostics=False)
-    cmd = bench_vs_trl.gspo_command(args, Path("/assets"), Path("/run"),
-                                    [*bench_vs_trl.GSPO_SIDES["gspo_overlap"], *overrides])
+    cmd = vs_trl_setup.gspo_command(args, Path("/assets"), Path("/run"),
+                                    [*vs_trl_setup.GSPO_SIDES["gspo_overlap"], *overrides])
     return load_config(cmd[3], cmd[4:])
 
 
@@ -62,7 +62,7 @@ def test_the_auto_run_is_long_enough_to_probe_every_phase(monkeypatch):
 def test_every_shape_writes_a_model_of_its_own_sizes(tmp_path):
     shape = sweep.SHAPES["wide"]
     assert (shape.hidden_size, shape.num_experts, shape.top_k) == (256, 16, 4)
-    bench_vs_trl.make_assets(tmp_path, shape.hidden_size, shape.num_experts, shape.top_k)
+    vs_trl_setup.make_assets(tmp_path, shape.hidden_size, shape.num_experts, shape.top_k)
 
 
     hf = json.loads((tmp_path / "model" / "config.json").read_text())
@@ -117,7 +117,7 @@ def test_a_run_past_its_time_is_stopped_with_its_children(tmp_path):
             "'import time; time.sleep(60)']); open(sys.argv[1], 'w').write(str(p.pid)); "
             "time.sleep(60)")
     start = time.monotonic()
-    assert bench_vs_trl._run([sys.executable, "-c", code, str(pid_file)], dict(os.environ),
+    assert vs_trl_setup._run([sys.executable, "-c", code, str(pid_file)], dict(os.environ),
                              timeout_s=8) is None
     assert time.monotonic() - start < 40
     child = int(pid_file.read_text())
@@ -128,7 +128,7 @@ def test_a_run_past_its_time_is_stopped_with_its_children(tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail(f"the grandchild {child} outlived the stopped run")
-    done = bench_vs_trl._run([sys.executable, "-c", "print('ok')"], dict(os.environ), 30)
+    done = vs_trl_setup._run([sys.executable, "-c", "print('ok')"], dict(os.environ), 30)
     assert done.returncode == 0 and done.stdout.strip() == "ok"
 
 

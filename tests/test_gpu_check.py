@@ -166,7 +166,7 @@ def test_serializer_round_trip_and_allowlist():
 def test_update_weights_from_tensor_loads_by_name_and_refuses_bad_bodies():
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    from gspo_megatron.rollout.embedded import EmbeddedEngine
+    from gspo_megatron.rollout.embedded.engine import EmbeddedEngine
 
     hf = {k: v for k, v in TINY_HF_CONFIG.items() if k != "model_type"}
     torch.manual_seed(0)

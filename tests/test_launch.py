@@ -80,7 +80,8 @@ def test_four_node_plan_places_learners_and_servers():
     key_file = os.path.join(cfg.logging.run_dir if os.path.isabs(cfg.logging.run_dir) else
                             os.path.join("/src/gspo", cfg.logging.run_dir),
                             "secrets", "rollout_server_keys.json")
-    assert server.argv[:3] == ["/usr/bin/python3", "/src/gspo/gspo_megatron/rollout/sglang_keyed_launch.py",
+    assert server.argv[:3] == ["/usr/bin/python3",
+                               "/src/gspo/gspo_megatron/rollout/sglang/keyed_launch.py",
                                key_file]
     flags = dict(zip(server.argv[3::2], server.argv[4::2]))
     assert flags["--tp-size"] == "4" and flags["--port"] == "30001" and flags["--base-gpu-id"] == "4"

@@ -4,8 +4,8 @@ through shared memory, clear errors, and a clean shutdown."""
 import pytest
 import torch
 
-from gspo_megatron.rollout.embedded import EmbeddedEngine
-from gspo_megatron.rollout.embedded_process import EmbeddedProcessEngine
+from gspo_megatron.rollout.embedded.engine import EmbeddedEngine
+from gspo_megatron.rollout.embedded.process import EmbeddedProcessEngine
 from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
 from gspo_megatron.weight_sync.in_process import InProcessTransport

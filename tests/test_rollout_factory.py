@@ -3,9 +3,9 @@
 import pytest
 
 from gspo_megatron.config.schema import RolloutConfig, SGLangConfig
-from gspo_megatron.rollout.embedded import EmbeddedEngine
+from gspo_megatron.rollout.embedded.engine import EmbeddedEngine
 from gspo_megatron.rollout.factory import build_engine
-from gspo_megatron.rollout.sglang_engine import SGLangEngine
+from gspo_megatron.rollout.sglang.engine import SGLangEngine
 from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model
 
 

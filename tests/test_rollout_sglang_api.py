@@ -1,4 +1,4 @@
-"""Tests of SGLang request bodies and response parsing (rollout/sglang_api.py).
+"""Tests of SGLang request bodies and response parsing (rollout/sglang/api.py).
 
 Field names are checked against sglang 0.5.23's io_struct.GenerateReqInput,
 sampling_params.SamplingParams and the tokenizer manager's meta_info.
@@ -6,7 +6,7 @@ sampling_params.SamplingParams and the tokenizer manager's meta_info.
 
 import pytest
 
-from gspo_megatron.rollout import sglang_api as api
+from gspo_megatron.rollout.sglang import api
 from gspo_megatron.rollout.types import SamplingParams
 
 

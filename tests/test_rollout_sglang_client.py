@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from gspo_megatron.rollout.sglang_client import SGLangServerClient, ServerUnavailable
+from gspo_megatron.rollout.sglang.client import SGLangServerClient, ServerUnavailable
 
 
 def _server_dying_mid_answer() -> tuple:

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from gspo_megatron.rollout import handle_unpickler
-from gspo_megatron.rollout import sglang_api as api
-from gspo_megatron.rollout.embedded import EmbeddedEngine
-from gspo_megatron.rollout.reference_server import ROUTES, ReferenceServer
-from gspo_megatron.rollout.sglang_engine import SGLangEngine
+from gspo_megatron.rollout.standin import handle_unpickler
+from gspo_megatron.rollout.sglang import api
+from gspo_megatron.rollout.embedded.engine import EmbeddedEngine
+from gspo_megatron.rollout.standin.server import ROUTES, ReferenceServer
+from gspo_megatron.rollout.sglang.engine import SGLangEngine
 from gspo_megatron.tiny_task.model import build_tiny_policy
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
 from gspo_megatron.weight_sync.disk import DiskTransport

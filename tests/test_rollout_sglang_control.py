@@ -1,4 +1,4 @@
-"""The weight-sync and memory protocol (rollout/sglang_control.py) against the strict stand-in.
+"""The weight-sync and memory protocol (rollout/sglang/control.py) against the strict stand-in.
 
 The full protocol runs in SGLang's order (checked call by call on every server), colocated
 (release -> resume weights -> tensor-handle update -> resume the rest) and disaggregated; and
@@ -13,12 +13,12 @@ import pytest
 import requests
 import torch
 
-from gspo_megatron.rollout import sglang_api as api
-from gspo_megatron.rollout.embedded import EmbeddedEngine, teacher_forced_logprobs
-from gspo_megatron.rollout.reference_server import ReferenceServer
-from gspo_megatron.rollout.sglang_client import SGLangServerClient
-from gspo_megatron.rollout.sglang_control import FleetControl
-from gspo_megatron.rollout.sglang_engine import SampleFailed, SGLangEngine
+from gspo_megatron.rollout.sglang import api
+from gspo_megatron.rollout.embedded.engine import EmbeddedEngine, teacher_forced_logprobs
+from gspo_megatron.rollout.standin.server import ReferenceServer
+from gspo_megatron.rollout.sglang.client import SGLangServerClient
+from gspo_megatron.rollout.sglang.control import FleetControl
+from gspo_megatron.rollout.sglang.engine import SampleFailed, SGLangEngine
 from gspo_megatron.tiny_task.model import build_tiny_policy
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
 from gspo_megatron.weight_sync.sync import BucketFailed
@@ -212,8 +212,8 @@ def test_flush_is_retried_while_refused_then_fails_naming_the_server():
     """SGLang answers /flush_cache with 400 while anything runs or waits; the update retries
     until ``flush_timeout_s`` (slime: 60 s), then fails naming the server. A key error is not
     retried."""
-    from gspo_megatron.rollout.server_pool import ServerPool
-    from gspo_megatron.rollout.sglang_client import ServerAuthError
+    from gspo_megatron.rollout.sglang.server_pool import ServerPool
+    from gspo_megatron.rollout.sglang.client import ServerAuthError
 
     class Busy(SGLangServerClient):
         """Refuses the first ``refusals`` flushes as SGLang does while requests run."""
@@ -250,8 +250,8 @@ def test_cancel_closes_the_session_flushes_and_continues_each_call_within_its_de
     """After a failed update: end the session, flush (buckets that arrived changed the weights
     the prefix cache was computed with), continue; every call bounded by ``cancel_timeout_s``,
     and a server that cannot answer (blocked inside a broadcast) does not stop the others'."""
-    from gspo_megatron.rollout.server_pool import ServerPool
-    from gspo_megatron.rollout.sglang_client import ServerUnavailable
+    from gspo_megatron.rollout.sglang.server_pool import ServerPool
+    from gspo_megatron.rollout.sglang.client import ServerUnavailable
 
     class Recording(SGLangServerClient):
         def __init__(self, port, blocked=False):

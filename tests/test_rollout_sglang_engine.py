@@ -12,11 +12,12 @@ import time
 import pytest
 import torch
 
-from gspo_megatron.rollout import sglang_api as api
-from gspo_megatron.rollout.embedded import EmbeddedEngine
-from gspo_megatron.rollout.reference_server import FaultPlan, ReferenceServer
-from gspo_megatron.rollout.sglang_engine import SampleFailed, SGLangEngine
-from gspo_megatron.rollout.sglang_launcher import ServerLauncher, reference_server_command
+from gspo_megatron.rollout.sglang import api
+from gspo_megatron.rollout.embedded.engine import EmbeddedEngine
+from gspo_megatron.rollout.standin.server import FaultPlan, ReferenceServer
+from gspo_megatron.rollout.sglang.engine import SampleFailed, SGLangEngine
+from gspo_megatron.rollout.sglang.launcher import ServerLauncher
+from gspo_megatron.rollout.standin.launcher import reference_server_command
 from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
 
@@ -240,7 +241,7 @@ def test_server_killed_mid_batch_then_skipped_and_readmitted(tmp_path, policy, b
 def test_colocated_runs_refuse_attached_servers_without_the_memory_saver():
     """Checked at attach (SGLang would answer the first release with 200 and free nothing)."""
     from gspo_megatron.config.schema import SGLangConfig
-    from gspo_megatron.rollout.sglang_engine import ServerSetupError
+    from gspo_megatron.rollout.sglang.engine import ServerSetupError
 
     plain = ReferenceServer(EmbeddedEngine(*build_tiny_policy(seed=0))).start()
     saver = ReferenceServer(EmbeddedEngine(*build_tiny_policy(seed=0)), enable_memory_saver=True).start()

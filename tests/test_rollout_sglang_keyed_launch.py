@@ -1,4 +1,4 @@
-"""The keyed SGLang launcher's argv (rollout/sglang_keyed_launch.py), parsed by SGLang 0.5.23's own
+"""The keyed SGLang launcher's argv (rollout/sglang/keyed_launch.py), parsed by SGLang 0.5.23's own
 argument parser: a key that starts with ``-`` (``secrets.token_urlsafe`` draws one in 64 so)
 must still be taken as the key, not as an option (CI once failed on it: "argument --api-key:
 expected one argument")."""
@@ -6,7 +6,7 @@ expected one argument")."""
 import json
 import subprocess
 
-from gspo_megatron.rollout.sglang_keyed_launch import keyed_argv
+from gspo_megatron.rollout.sglang.keyed_launch import keyed_argv
 from tests.real_sglang import SGLANG_PYTHON
 
 PARSE = """

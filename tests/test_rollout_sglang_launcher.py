@@ -1,11 +1,10 @@
-"""Tests of rollout server command lines and process ownership (rollout/sglang_launcher.py)."""
+"""Tests of rollout server command lines and process ownership (rollout/sglang/launcher.py)."""
 
 import sys
 import time
 
 from gspo_megatron.config.schema import SGLangConfig
-from gspo_megatron.rollout.sglang_launcher import (ServerLauncher, launch_reference_fleet,
-                                                   reference_server_command, sglang_server_command)
+from gspo_megatron.rollout.sglang.launcher import ServerLauncher, sglang_server_command
 
 
 def _flag(cmd, name):
@@ -25,22 +24,6 @@ def test_sglang_command_maps_the_config():
     assert "--enable-memory-saver" in cmd and "--enable-deterministic-inference" in cmd
     plain = sglang_server_command(SGLangConfig(), "/ckpt", 0)
     assert "--enable-memory-saver" not in plain and _flag(plain, "--port") == "30000"
-
-
-def test_reference_command():
-    cmd = reference_server_command("/m", 123, extra=["--delay-s", "1"], python="py")
-    assert cmd == ["py", "-m", "gspo_megatron.rollout.reference_server", "--model-path", "/m",
-                   "--host", "127.0.0.1", "--port", "123", "--delay-s", "1"]
-    saver = reference_server_command("/m", 1, python="py", enable_memory_saver=True)
-    assert "--enable-memory-saver" in saver  # colocated mode releases memory (SGLang's flag)
-
-
-def test_reference_fleet_ports_and_flags(tmp_path, monkeypatch):
-    started = []
-    monkeypatch.setattr(ServerLauncher, "start", lambda self, cmd, addr: started.append((cmd, addr)))
-    launch_reference_fleet(SGLangConfig(num_servers=2, port=4000), "/m", enable_memory_saver=True)
-    assert [a for _, a in started] == ["127.0.0.1:4000", "127.0.0.1:4001"]
-    assert all("--enable-memory-saver" in c for c, _ in started)
 
 
 def test_launcher_stops_only_its_own_processes(tmp_path):
@@ -64,7 +47,7 @@ def test_cpu_engine_dtype_and_keyed_launch(tmp_path):
     """device=cpu: SGLang's CPU engine flags and switch; --dtype: the checkpoint's own unless
     the config says (SGLang's auto would serve float32 as float16); a key file: the keyed
     launcher, with only the file's path on the line."""
-    from gspo_megatron.rollout.sglang_launcher import (KEYED_LAUNCH, CPU_ENGINE_ARGS,
+    from gspo_megatron.rollout.sglang.launcher import (KEYED_LAUNCH, CPU_ENGINE_ARGS,
                                                        checkpoint_dtype, sglang_server_env)
 
     model = tmp_path / "m"
@@ -74,7 +57,7 @@ def test_cpu_engine_dtype_and_keyed_launch(tmp_path):
     cfg = SGLangConfig(device="cpu", max_total_tokens=4096)
     cmd = sglang_server_command(cfg, str(model), 0, python="py", key_file="/run/secrets/k.json")
     assert cmd[:3] == ["py", KEYED_LAUNCH, "/run/secrets/k.json"] and KEYED_LAUNCH.endswith(
-        "gspo_megatron/rollout/sglang_keyed_launch.py")
+        "gspo_megatron/rollout/sglang/keyed_launch.py")
     assert _flag(cmd, "--dtype") == "float32" and _flag(cmd, "--max-total-tokens") == "4096"
     assert cmd[-len(CPU_ENGINE_ARGS):] == CPU_ENGINE_ARGS and "--api-key" not in cmd
     assert sglang_server_env(cfg) == {"SGLANG_USE_CPU_ENGINE": "1"}

@@ -28,10 +28,10 @@ import pytest
 import torch
 
 from gspo_megatron.config.schema import WeightSyncConfig
-from gspo_megatron.rollout import sglang_api as api
-from gspo_megatron.rollout.embedded import teacher_forced_logprobs
-from gspo_megatron.rollout.sglang_client import SGLangServerClient
-from gspo_megatron.rollout.sglang_engine import SGLangEngine
+from gspo_megatron.rollout.embedded.engine import teacher_forced_logprobs
+from gspo_megatron.rollout.sglang import api
+from gspo_megatron.rollout.sglang.client import SGLangServerClient
+from gspo_megatron.rollout.sglang.engine import SGLangEngine
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
 from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model
 from gspo_megatron.weight_sync import build_transport
@@ -193,7 +193,7 @@ def test_payloads_the_server_cannot_take_are_refused_before_sending(engine, serv
 DEAD_TRAINER = textwrap.dedent("""
     import sys, time
     from gspo_megatron.config.schema import WeightSyncConfig
-    from gspo_megatron.rollout.sglang_engine import SGLangEngine
+    from gspo_megatron.rollout.sglang.engine import SGLangEngine
     from gspo_megatron.weight_sync import build_transport
     engine = SGLangEngine([sys.argv[1]], request_timeout_s=60)
     transport = build_transport(WeightSyncConfig(transport="nccl"), engine, "sglang",
@@ -254,8 +254,8 @@ def _refused(status, data):
 
 @pytest.fixture
 def stand_in(model_dir):
-    from gspo_megatron.rollout.embedded import EmbeddedEngine
-    from gspo_megatron.rollout.reference_server import ReferenceServer
+    from gspo_megatron.rollout.embedded.engine import EmbeddedEngine
+    from gspo_megatron.rollout.standin.server import ReferenceServer
 
     srv = ReferenceServer(EmbeddedEngine.from_pretrained(str(model_dir)),
                           model_path=str(model_dir)).start()
@@ -372,7 +372,7 @@ def test_a_wedged_server_times_out_and_its_samples_go_elsewhere(model_dir, serve
 
 
 def test_the_only_server_killed_mid_batch_fails_the_batch_naming_the_sample(model_dir, tmp_path):
-    from gspo_megatron.rollout.sglang_engine import SampleFailed
+    from gspo_megatron.rollout.sglang.engine import SampleFailed
 
     only = RealServer(str(model_dir), tmp_path / "only.log").start()
     eng = SGLangEngine.attach([only.address], request_timeout_s=30, health_timeout_s=60,
@@ -396,7 +396,8 @@ def test_a_bucket_refused_by_one_server_ends_the_update_cleanly(model_dir, serve
     naming the server and the bucket, neither server stays paused, in a session or inside the
     collective, and the next update reaches both (log-probs on both equal the new weights')."""
     from gspo_megatron.distributed.runtime import free_port
-    from gspo_megatron.rollout.sglang_launcher import ServerLauncher, reference_server_command
+    from gspo_megatron.rollout.sglang.launcher import ServerLauncher
+    from gspo_megatron.rollout.standin.launcher import reference_server_command
     from tests.weight_sync_faults import assert_refused_bucket_ends_cleanly, broadcast_updates
 
     launcher = ServerLauncher(str(tmp_path / "logs"), env={"OMP_NUM_THREADS": "1"})
@@ -446,8 +447,8 @@ def test_a_server_without_the_capture_takes_the_r3_request_and_our_client_refuse
     request passes the JSON contract gate (the field is GenerateReqInput's, outside the
     contract, which ignores unknown keys) and is answered without ``routed_experts``; the
     client turns that into a clear error naming the server and the missing flag."""
-    from gspo_megatron.rollout import sglang_api as api
     from gspo_megatron.rollout.routed_experts import MalformedRouting, RoutingShape
+    from gspo_megatron.rollout.sglang import api
 
     _, tok = build_tiny_policy(seed=0)
     body = api.generate_payload("r3", tok("1+2=")["input_ids"], SamplingParams(max_new_tokens=3),

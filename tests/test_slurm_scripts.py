@@ -204,7 +204,8 @@ def test_learners_and_servers_run_with_the_same_interpreter(tmp_path):
     # step, mode 0600; only its path is on the line)
     key_file = tmp_path / "run" / "secrets" / "rollout_server_keys.json"
     assert {tuple(s["argv"][:3]) for s in plan["servers"]} == {
-        (sys.executable, str(REPO / "gspo_megatron" / "rollout" / "sglang_keyed_launch.py"), str(key_file))}
+        (sys.executable, str(REPO / "gspo_megatron" / "rollout" / "sglang" / "keyed_launch.py"),
+         str(key_file))}
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     # The server task script hands its Slurm task to that same interpreter.
     fake_py = tmp_path / "python"
@@ -381,7 +382,7 @@ def test_dry_run_of_the_four_node_job_prints_every_step_line_by_line(tmp_path):
     expected = DRY_RUN_4_NODES.format(
         py=sys.executable, repo=REPO, plan=plan_dir,
         # the servers read the job's keys from a file (only its path shows) and bind their node
-        server=f"{sys.executable} {REPO}/gspo_megatron/rollout/sglang_keyed_launch.py "
+        server=f"{sys.executable} {REPO}/gspo_megatron/rollout/sglang/keyed_launch.py "
                "/runs/r9/secrets/rollout_server_keys.json --model-path /models/Qwen3-30B-A3B --host",
         fleet="--tp-size 4 --dp-size 1 --ep-size 1 --mem-fraction-static 0.8",
         container=f"--container-image=/img/gspo.sqsh --container-name=gspo --container-workdir={REPO} "

@@ -1,6 +1,6 @@
 """Colocated start order (issue 29 item 2), on the stand-in's simulated GPU.
 
-The reference server keeps SGLang's static pool on a memory ledger (``rollout/reference_memory.py``)
+The reference server keeps SGLang's static pool on a memory ledger (``rollout/standin/memory_ledger.py``)
 and the learner's memory is added to the same ledger by hooks on ``Learner`` (resident state
 after build, a transient while building, activations during each update). The budget is set so
 that the order matters, as it does on an 80 GB GPU for the 30B model (``planner/colocated.py``):
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gspo_megatron.rollout.reference_memory import LEDGER_ENV, MemoryLedger, OutOfMemory
+from gspo_megatron.rollout.standin.memory_ledger import LEDGER_ENV, MemoryLedger, OutOfMemory
 
 REPO = Path(__file__).resolve().parents[1]
 MB = 1 << 20
@@ -99,7 +99,7 @@ def test_servers_release_before_the_learner_is_built_and_every_phase_fits(assets
 def test_the_old_order_does_not_fit_the_same_gpu(assets, tmp_path, monkeypatch):
     """The stand-in is strict enough to see issue 29's fault: with the release at start skipped
     (the learner built beside a server holding its pool), the learner's build is refused."""
-    from gspo_megatron.rollout.sglang_engine import SGLangEngine
+    from gspo_megatron.rollout.sglang.engine import SGLangEngine
 
     ledger = MemoryLedger.create(str(tmp_path / "gpu0.json"), BUDGET)
     _learner_on(ledger, monkeypatch)

@@ -205,7 +205,7 @@ def test_loop_with_reference_servers(assets, tmp_path, mode, caplog):
              "rollout.weight_sync.verify=true", "rollout.weight_sync.verify_tolerance=1e-5"]
     if mode == "disaggregated":
         extra += ["algo.routing_replay=rollout", "algo.old_logprob_source=learner"]
-    caplog.set_level("INFO", logger="gspo_megatron.rollout.sglang_launcher")
+    caplog.set_level("INFO", logger="gspo_megatron.rollout.sglang.launcher")
     assert _train(0, _overrides(assets, tmp_path, *extra))["code"] == 0
     rows = _check_run(tmp_path, 1)
     sync = rows[1]
@@ -243,7 +243,8 @@ def _train_against_one_reference_server(assets, run_dir: Path, caplog, server_ar
     import logging
 
     from gspo_megatron.distributed.runtime import free_port
-    from gspo_megatron.rollout.sglang_launcher import ServerLauncher, reference_server_command
+    from gspo_megatron.rollout.sglang.launcher import ServerLauncher
+    from gspo_megatron.rollout.standin.launcher import reference_server_command
 
     port = free_port()
     address = f"127.0.0.1:{port}"

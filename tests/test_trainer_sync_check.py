@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from gspo_megatron.learner.learner import LogprobOutput
-from gspo_megatron.rollout.embedded import EmbeddedEngine, teacher_forced_logprobs
-from gspo_megatron.rollout.reference_server import ReferenceServer
-from gspo_megatron.rollout.sglang_engine import SGLangEngine
+from gspo_megatron.rollout.embedded.engine import EmbeddedEngine, teacher_forced_logprobs
+from gspo_megatron.rollout.sglang.engine import SGLangEngine
+from gspo_megatron.rollout.standin.server import ReferenceServer
 from gspo_megatron.tiny_task.model import build_tiny_policy
 from gspo_megatron.trainer.sync_check import SyncCheck, WeightsDidNotArrive
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from gspo_megatron.rollout import flat_bucket
+from gspo_megatron.rollout.sglang import flat_bucket
 from gspo_megatron.weight_sync.buckets import iter_buckets, tensor_bytes
 
 

@@ -6,9 +6,9 @@ import os
 import pytest
 import torch
 
-from gspo_megatron.rollout.embedded import EmbeddedEngine, teacher_forced_logprobs
-from gspo_megatron.rollout.reference_server import ReferenceServer
-from gspo_megatron.rollout.sglang_engine import SGLangEngine
+from gspo_megatron.rollout.embedded.engine import EmbeddedEngine, teacher_forced_logprobs
+from gspo_megatron.rollout.standin.server import ReferenceServer
+from gspo_megatron.rollout.sglang.engine import SGLangEngine
 from gspo_megatron.tiny_task.model import build_tiny_policy
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
 from gspo_megatron.weight_sync.disk import DiskTransport

@@ -18,11 +18,12 @@ import torch
 
 from gspo_megatron.config.schema import WeightSyncConfig
 from gspo_megatron.distributed.runtime import free_port
-from gspo_megatron.rollout import sglang_api as api
-from gspo_megatron.rollout.embedded import teacher_forced_logprobs
-from gspo_megatron.rollout.sglang_client import SGLangServerClient
-from gspo_megatron.rollout.sglang_engine import SGLangEngine
-from gspo_megatron.rollout.sglang_launcher import ServerLauncher, reference_server_command
+from gspo_megatron.rollout.sglang import api
+from gspo_megatron.rollout.embedded.engine import teacher_forced_logprobs
+from gspo_megatron.rollout.sglang.client import SGLangServerClient
+from gspo_megatron.rollout.sglang.engine import SGLangEngine
+from gspo_megatron.rollout.sglang.launcher import ServerLauncher
+from gspo_megatron.rollout.standin.launcher import reference_server_command
 from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
 from gspo_megatron.weight_sync import build_transport

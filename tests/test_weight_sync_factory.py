@@ -3,8 +3,8 @@
 import pytest
 
 from gspo_megatron.config.schema import WeightSyncConfig
-from gspo_megatron.rollout.embedded import EmbeddedEngine
-from gspo_megatron.rollout.sglang_engine import SGLangEngine
+from gspo_megatron.rollout.embedded.engine import EmbeddedEngine
+from gspo_megatron.rollout.sglang.engine import SGLangEngine
 from gspo_megatron.tiny_task.model import build_tiny_policy
 from gspo_megatron.weight_sync import build_transport, resolve_transport, transport_dst
 from gspo_megatron.weight_sync.disk import DiskTransport

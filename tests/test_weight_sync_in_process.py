@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from gspo_megatron.rollout.embedded import EmbeddedEngine, teacher_forced_logprobs
+from gspo_megatron.rollout.embedded.engine import EmbeddedEngine, teacher_forced_logprobs
 from gspo_megatron.tiny_task.model import build_tiny_policy
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
 from gspo_megatron.weight_sync.in_process import InProcessTransport

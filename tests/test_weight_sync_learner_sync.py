@@ -19,8 +19,9 @@ import torch
 
 from gspo_megatron.config.schema import ParallelConfig, WeightSyncConfig
 from gspo_megatron.distributed.runtime import free_port
-from gspo_megatron.rollout import sglang_api as api
-from gspo_megatron.rollout.sglang_launcher import ServerLauncher, reference_server_command
+from gspo_megatron.rollout.sglang import api
+from gspo_megatron.rollout.sglang.launcher import ServerLauncher
+from gspo_megatron.rollout.standin.launcher import reference_server_command
 from tests.multiproc import run_on_ranks
 from tests.test_checkpoint_convert import make_hf_model, reinit_layout
 
@@ -30,7 +31,7 @@ def _sync(rank: int, hf_dir: str, address: str, kind: str, disk_dir: str) -> dic
                                                   model_config_for_hf_dir)
     from gspo_megatron.checkpoint.hf_io import HFCheckpointReader
     from gspo_megatron.model.provider import padded_vocab_size
-    from gspo_megatron.rollout.sglang_engine import SGLangEngine
+    from gspo_megatron.rollout.sglang.engine import SGLangEngine
     from gspo_megatron.weight_sync.factory import build_stage_transport, build_transport, transport_dst
     from gspo_megatron.weight_sync.learner_sync import LearnerWeightSync
 
@@ -92,7 +93,7 @@ def _original(hf_dir: Path) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["nccl", "disk"])
 def test_pipeline_stages_sync_into_a_server_exactly(tmp_path, kind):
-    from gspo_megatron.rollout.sglang_engine import SGLangEngine
+    from gspo_megatron.rollout.sglang.engine import SGLangEngine
 
     hf_dir = make_hf_model("qwen3_moe", tmp_path / "hf")
     launcher, log = _start_server(tmp_path, hf_dir)

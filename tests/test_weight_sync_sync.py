@@ -106,8 +106,8 @@ def test_a_lost_bucket_is_named_cancelled_and_ends_the_job_with_exit_5(reason, w
     import logging
 
     from gspo_megatron.cli.train import EXIT_CONFIG, EXIT_ROLLOUT, _exit_code
-    from gspo_megatron.rollout import sglang_api as api
-    from gspo_megatron.rollout.sglang_client import ServerAuthError, ServerUnavailable
+    from gspo_megatron.rollout.sglang import api
+    from gspo_megatron.rollout.sglang.client import ServerAuthError, ServerUnavailable
     from gspo_megatron.weight_sync.sync import BucketFailed
 
     errors = {"refused": api.ServerRefused("b:1", api.UPDATE_FROM_DISTRIBUTED, "no session"),

@@ -7,7 +7,7 @@ import pickle
 import pytest
 import torch
 
-from gspo_megatron.rollout.handle_unpickler import load_named_tensors
+from gspo_megatron.rollout.standin.handle_unpickler import load_named_tensors
 from gspo_megatron.weight_sync.buckets import Bucket
 from gspo_megatron.weight_sync.tensor_ipc import CudaIpcTransport, bucket_views, serialize_named_tensors
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from gspo_megatron.config.schema import WeightSyncConfig
-from gspo_megatron.rollout.sglang_client import SGLangServerClient
+from gspo_megatron.rollout.sglang.client import SGLangServerClient
 from gspo_megatron.tiny_task.model import build_tiny_policy
 from gspo_megatron.weight_sync import build_transport
 from gspo_megatron.weight_sync.sync import BucketFailed

@@ -30,8 +30,8 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 
 from gspo_megatron.config.schema import WeightSyncConfig  # noqa: E402
-from gspo_megatron.rollout.embedded import teacher_forced_logprobs  # noqa: E402
-from gspo_megatron.rollout.sglang_engine import SGLangEngine  # noqa: E402
+from gspo_megatron.rollout.embedded.engine import teacher_forced_logprobs  # noqa: E402
+from gspo_megatron.rollout.sglang.engine import SGLangEngine  # noqa: E402
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams  # noqa: E402
 from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model  # noqa: E402
 from gspo_megatron.weight_sync import build_transport  # noqa: E402

@@ -149,11 +149,11 @@ def _exit_code(exc: BaseException, run_dir: Path, log: logging.Logger) -> Option
     from gspo_megatron.learner.disk_space import OutputWriteError, describe_write_failure
     from gspo_megatron.learner.learner import NonFiniteTrainingError
     from gspo_megatron.rewards.registry import RewardLookupError
-    from gspo_megatron.rollout.server_keys import KeyFileError
+    from gspo_megatron.rollout.sglang.server_keys import KeyFileError
     from gspo_megatron.rollout.routed_experts import MalformedRouting
-    from gspo_megatron.rollout.server_pool import NoLiveServer
-    from gspo_megatron.rollout.sglang_client import ServerAuthError
-    from gspo_megatron.rollout.sglang_engine import SampleFailed, ServerSetupError
+    from gspo_megatron.rollout.sglang.server_pool import NoLiveServer
+    from gspo_megatron.rollout.sglang.client import ServerAuthError
+    from gspo_megatron.rollout.sglang.engine import SampleFailed, ServerSetupError
     from gspo_megatron.trainer.run_lock import RunDirLockedError
     from gspo_megatron.trainer.sync_check import WeightsDidNotArrive
     from gspo_megatron.weight_sync.sync import BucketFailed

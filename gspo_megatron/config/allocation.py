@@ -7,7 +7,7 @@ steps with :func:`node_roles`; validation refuses, with :func:`allocation_proble
 whose devices do not add up before anything starts (a server short of its GPUs, or a
 weight-update group waiting for a rank that never joins, is a 600 s hang otherwise).
 
-A server uses ``tp * dp`` devices of one node (``rollout/sglang_launcher.py``: ``--base-gpu-id``
+A server uses ``tp * dp`` devices of one node (``rollout/sglang/launcher.py``: ``--base-gpu-id``
 steps by ``tp * dp``); servers never straddle nodes.
 """
 

@@ -281,7 +281,7 @@ class SGLangConfig:
     on the tiny model its log-probs then differ from the learner's by ~1e-4 instead of ~1e-7).
     ``auto`` leaves the choice to SGLang."""
     key_file: Optional[str] = None
-    """JSON file of the servers' bearer keys (``rollout/server_keys.py``, mode 0600); None:
+    """JSON file of the servers' bearer keys (``rollout/sglang/server_keys.py``, mode 0600); None:
     ``<run_dir>/secrets/rollout_server_keys.json``. Servers the trainer (or the Slurm launch
     plan) starts get fresh keys made there and require them; for servers given in
     ``server_addresses`` the keys are read from it when it exists (else none are sent)."""

@@ -8,7 +8,7 @@ It is reset by ``fork`` but kept across ``exec``, so it has to be set in every c
 * :func:`children_die_with_this_process` registers an ``os.register_at_fork`` hook, which covers
   every child made by ``os.fork`` (multiprocessing's ``fork`` context: dist_checkpointing's
   writer processes, ``strategies/filesystem_async.py`` in megatron-core 0.16.1);
-* for ``subprocess.Popen`` children (rollout servers, ``rollout/sglang_launcher.py``) this
+* for ``subprocess.Popen`` children (rollout servers, ``rollout/sglang/launcher.py``) this
   module is a command-line wrapper: ``python -m gspo_megatron.distributed.child_processes
   --parent PID -- CMD ...`` sets the signal, checks that ``PID`` is still its parent, then
   ``exec``-s ``CMD`` (same process, signal kept), like util-linux ``setpriv --pdeathsig KILL``,

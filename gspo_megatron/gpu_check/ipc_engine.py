@@ -1,6 +1,6 @@
 """The embedded rollout engine in a process of its own, receiving weights as SGLang 0.5.23 does.
 
-CUDA IPC handles only open in another process, so the engine (``rollout.embedded.EmbeddedEngine``
+CUDA IPC handles only open in another process, so the engine (``rollout.embedded.engine.EmbeddedEngine``
 on the same GPU) runs in a spawned child. The learner side sends exactly what the project's
 ``weight_sync.in_process.CudaIpcTransport`` sends to an SGLang server's
 ``/update_weights_from_tensor``; :class:`EngineClient` carries those bodies over a pipe instead
@@ -36,7 +36,7 @@ from typing import Any, Dict, Tuple
 import torch
 import torch.multiprocessing  # noqa: F401  registers torch's tensor reductions with ForkingPickler
 
-from gspo_megatron.rollout import sglang_api as api
+from gspo_megatron.rollout.sglang import api
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def engine_main(conn, hf_dir: str, device: str, dtype_name: str) -> None:
     try:
         from transformers import AutoModelForCausalLM
 
-        from gspo_megatron.rollout.embedded import EmbeddedEngine
+        from gspo_megatron.rollout.embedded.engine import EmbeddedEngine
 
         dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
         t0 = time.perf_counter()

@@ -121,7 +121,7 @@ def _train_problems(runtime, device, steps: List[dict], changed: int) -> List[st
 
 
 def _hf_logprobs(model, batch) -> torch.Tensor:
-    from gspo_megatron.rollout.embedded import teacher_forced_logprobs
+    from gspo_megatron.rollout.embedded.engine import teacher_forced_logprobs
 
     parts = []
     for ids, p in zip(batch.token_ids, batch.prompt_lens):

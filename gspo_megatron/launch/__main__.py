@@ -29,7 +29,7 @@ from gspo_megatron.launch.hostlist import expand_hostlist
 from gspo_megatron.launch.mounts import mounts_spec, parse_user_mounts
 from gspo_megatron.launch.plan import (JobSettings, LaunchPlan, Node, bash_array, build_plan,
                                       server_key_file)
-from gspo_megatron.rollout.server_keys import KeyFileError, ensure_keys
+from gspo_megatron.rollout.sglang.server_keys import KeyFileError, ensure_keys
 
 
 def parse_nodes(pairs: Sequence[str], nodelist: Optional[str]) -> List[Node]:

@@ -9,7 +9,7 @@ learner ends up global rank 0 is torchrun's choice; rank 0 publishes its own add
 weight-update group (``trainer/build.py``), so nothing here depends on it.
 Servers: ``servers_per_node`` per rollout node, server ``i`` of a node on ``rollout.sglang.port +
 i`` and devices ``[i * tp * dp, (i + 1) * tp * dp)``; the command lines come from
-``rollout/sglang_launcher.py`` (the one place that turns ``rollout.sglang`` into SGLang flags),
+``rollout/sglang/launcher.py`` (the one place that turns ``rollout.sglang`` into SGLang flags),
 so the servers' TP and the update group's size both come from ``rollout.sglang``.
 """
 
@@ -22,9 +22,10 @@ from typing import Dict, List, Optional, Sequence
 from gspo_megatron.config.allocation import NodeRoles, devices_per_server, node_roles, runs_servers
 from gspo_megatron.config.schema import routing_replay_mode
 from gspo_megatron.launch.mounts import Mount, absolute_path, container_mounts
-from gspo_megatron.rollout.server_keys import key_file_path
-from gspo_megatron.rollout.sglang_launcher import (keyed_launch_path, reference_server_command,
-                                                   sglang_server_command, sglang_server_env)
+from gspo_megatron.rollout.sglang.launcher import (keyed_launch_path, sglang_server_command,
+                                                   sglang_server_env)
+from gspo_megatron.rollout.sglang.server_keys import key_file_path
+from gspo_megatron.rollout.standin.launcher import reference_server_command
 
 # Flags the config owns; GSPO_SGLANG_EXTRA_ARGS may not set them (a second source of the fleet).
 CONFIG_OWNED_SGLANG_FLAGS = ("--model-path", "--tp-size", "--dp-size", "--ep-size", "--port",

@@ -1,7 +1,7 @@
 """Build the rollout engine named by ``rollout.engine`` from a ``RolloutConfig``.
 
 - ``embedded``: an in-memory model + tokenizer, or the HF directory ``model_path``; with
-  ``overlap_one_step`` the engine runs in its own process (``rollout/embedded_process.py``).
+  ``overlap_one_step`` the engine runs in its own process (``rollout/embedded/process.py``).
 - ``sglang``: attach to ``rollout.sglang.server_addresses`` or launch ``num_servers`` SGLang
   servers (with ``--enable-memory-saver`` in colocated mode).
 - ``reference``: the same client against CPU reference servers, launched here when no
@@ -18,12 +18,13 @@ from typing import Optional
 
 import torch
 
-from gspo_megatron.rollout.embedded import EmbeddedEngine
-from gspo_megatron.rollout.embedded_process import EmbeddedProcessEngine
+from gspo_megatron.rollout.embedded.engine import EmbeddedEngine
+from gspo_megatron.rollout.embedded.process import EmbeddedProcessEngine
 from gspo_megatron.rollout.routed_experts import RoutingShape
-from gspo_megatron.rollout.server_keys import ensure_keys, read_keys, use_keys
-from gspo_megatron.rollout.sglang_engine import SGLangEngine
-from gspo_megatron.rollout.sglang_launcher import launch_reference_fleet, launch_sglang_fleet
+from gspo_megatron.rollout.sglang.engine import SGLangEngine
+from gspo_megatron.rollout.sglang.launcher import launch_sglang_fleet
+from gspo_megatron.rollout.sglang.server_keys import ensure_keys, read_keys, use_keys
+from gspo_megatron.rollout.standin.launcher import launch_reference_fleet
 from gspo_megatron.rollout.types import RolloutEngine
 
 

@@ -10,7 +10,7 @@ the top-k of every MoE layer for every position of prompt + output except the la
 is sampled but never fed back. A server without the flag has no capturer and silently leaves the
 field out, so its absence is an error here, not a default.
 
-The embedded engine records the same thing in the same order (``rollout/kv_decoder.py``). In
+The embedded engine records the same thing in the same order (``rollout/embedded/kv_decoder.py``). In
 the trainer a sample keeps it as int16 (``2 * top_k`` bytes per token per layer); the learner
 lays it out like the tokens and replays it (``learner/routing.py``).
 """

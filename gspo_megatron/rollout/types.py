@@ -3,9 +3,9 @@
 The trainer builds :class:`GenerationRequest` objects (one prompt, ``n`` samples, or one chosen
 sample index), passes them with one :class:`SamplingParams` to :meth:`RolloutEngine.generate`,
 and gets back one :class:`Sample` per (prompt_id, sample_index), sorted by that key, whatever
-order the engine finished them in. Engines: :mod:`rollout.embedded` (transformers, in-process,
-the CPU default) and :mod:`rollout.sglang_engine` (a fleet of SGLang servers, or the CPU
-reference server of :mod:`rollout.reference_server`).
+order the engine finished them in. Engines: :mod:`rollout.embedded.engine` (transformers, in-process,
+the CPU default) and :mod:`rollout.sglang.engine` (a fleet of SGLang servers, or the CPU
+reference server of :mod:`rollout.standin.server`).
 
 New weights reach an engine through :meth:`RolloutEngine.update_weights`, an iterator of
 ``(hf_name, tensor)`` pairs. How they travel is a :class:`WeightTransport` (implemented in

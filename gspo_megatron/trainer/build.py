@@ -1,10 +1,12 @@
-"""Build the parts of a run from its config, and the few operations that span several parts.
+"""Build the parts of a run from its config; the parts' weight sync and close span several parts.
 
 The loop (``trainer/loop.py``) only sequences; everything that knows how a part is made lives
 here: the learner on every rank, the rollout engine, rewards and logger on the main rank, the
 data sampler on every rank (they advance in step, so no prompts are broadcast), the run's
-checkpoints (``trainer/checkpoints.py``: resume decision, save, rotation), and the weight sync
-that streams the learner's parameters, gathered into Hugging Face names, into the engine.
+checkpoints (``trainer/checkpoints.py``: resume decision, save, rotation), the overlap's thread
+tuner (``trainer/overlap_threads.py``), and the weight sync that streams the learner's
+parameters, gathered into Hugging Face names, into the engine. The end of a run (export, plot)
+is ``trainer/finish.py``'s.
 
 Inputs are checked (``trainer/preflight.py``) and the resume decision is taken before the
 learner is built, so a bad path or a changed dataset fails in seconds with nothing written.
@@ -22,22 +24,22 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from gspo_megatron.algorithms.losses import get_policy_loss
-from gspo_megatron.checkpoint.learner_hf import export_learner_to_hf, load_hf_into_learner
+from gspo_megatron.checkpoint.learner_hf import load_hf_into_learner
 from gspo_megatron.data.dataset import load_prompt_dataset
-from gspo_megatron.data.records import DataLoadError
 from gspo_megatron.data.sampler import PromptSampler
 from gspo_megatron.learner.learner import Learner
 from gspo_megatron.rewards.runner import RewardRunner
 from gspo_megatron.rewards.scorer import RolloutScorer
 from gspo_megatron.trainer.checkpoints import RunCheckpoints, data_identity, plan_resume
-from gspo_megatron.trainer.evaluation import before_after_table
 from gspo_megatron.trainer.metrics_log import MetricsLogger
-from gspo_megatron.trainer.plot import plot_history
+from gspo_megatron.trainer.overlap_threads import overlap_thread_tuner
 from gspo_megatron.trainer.preemption import PreemptionFlag
-from gspo_megatron.trainer.preflight import (check_hf_weights, check_initial_weights,
-                                             check_input_files, load_tokenizer)
+from gspo_megatron.trainer.preflight import (check_enough_prompts, check_hf_weights,
+                                             check_initial_weights, check_input_files,
+                                             load_tokenizer)
 
 log = logging.getLogger(__name__)
+
 
 @dataclass
 class TrainerParts:
@@ -73,23 +75,6 @@ class TrainerParts:
         engine's update protocol (pause, abort, begin, buckets, end, flush, continue) included."""
         return self.syncer(str(self.learner.step))
 
-    # ---- end of run ----------------------------------------------------------------------
-    def finish(self) -> None:
-        """Plot and export the final policy to Hugging Face format."""
-        out = export_learner_to_hf(self.learner, self.run_dir / "hf_export",
-                                   tokenizer_dir=self.cfg.model.hf_path)
-        if self.runtime.is_main:
-            if self.cfg.logging.plot:
-                try:
-                    plot_history(self.logger.history, self.run_dir / "metrics.png",
-                                 bin_edges=self.cfg.algo.diagnostics.log_ratio_bin_edges)
-                except OSError as exc:  # the plot is a convenience; metrics.jsonl has the data
-                    log.warning("could not write %s: %s", self.run_dir / "metrics.png", exc)
-            log.info("exported the final policy to %s", out)
-            table = before_after_table(self.logger.history)
-            if table:
-                log.info("held-out evaluation, before and after RL:\n%s", table)
-
     def close(self) -> None:
         if self.engine is not None:
             self.engine.shutdown()  # closes its attached transport
@@ -99,24 +84,11 @@ class TrainerParts:
             self.logger.close()
 
 
-def _overlap_threads(cfg):
-    """The learner's threads beside the embedded engine's process (main rank, overlap only)."""
-    r = cfg.rollout
-    if not (r.overlap_one_step and r.engine == "embedded"):  # the engine's process takes cores
-        return None
-    import torch
-
-    from gspo_megatron.trainer.overlap_threads import OverlapThreadTuner
-
-    return OverlapThreadTuner(r.overlap_thread_split, torch.get_num_threads(),
-                              r.embedded_num_threads, r.overlap_probe_steps, cfg.trainer.num_steps)
-
-
 def _start_engine(cfg, run_dir: Path):
     """The rollout engine (main rank). Started before the learner is built, so a server fleet or
     the embedded engine's process loads its model meanwhile (its handshake is read at first use)."""
     from gspo_megatron.rollout.factory import build_engine
-    from gspo_megatron.rollout.server_keys import key_file_path
+    from gspo_megatron.rollout.sglang.server_keys import key_file_path
     from gspo_megatron.trainer.batching import rollout_routing_shape
 
     r = cfg.rollout
@@ -138,7 +110,7 @@ def _build_weight_sync(parts: TrainerParts, cfg, runtime):
         transport = build_transport(r.weight_sync, parts.engine, r.engine, mode=r.mode,
                                     server_tp_size=r.sglang.tp, config_dir=cfg.model.hf_path)
     elif dst == "stage":  # its clients send the keys the main rank's engine made or read
-        from gspo_megatron.rollout.server_keys import key_file_path, read_keys, use_keys
+        from gspo_megatron.rollout.sglang.server_keys import key_file_path, read_keys, use_keys
 
         key_file = key_file_path(r.sglang.key_file, cfg.logging.run_dir)
         use_keys(read_keys(key_file) if os.path.exists(key_file) else None)
@@ -151,7 +123,7 @@ def build_parts(cfg, runtime, preemption: Optional[PreemptionFlag] = None) -> Tr
     check_input_files(cfg)
     if runtime.is_main and cfg.rollout.engine == "embedded":
         check_hf_weights(cfg)  # the engine loads model.hf_path first
-    threads = _overlap_threads(cfg) if runtime.is_main else None
+    threads = overlap_thread_tuner(cfg) if runtime.is_main else None
     engine = _start_engine(cfg, Path(cfg.logging.run_dir)) if runtime.is_main else None
     try:
         if engine is not None and cfg.rollout.mode == "colocated":
@@ -173,7 +145,7 @@ def _build_around_engine(cfg, runtime, preemption, engine) -> TrainerParts:
     run_dir = Path(cfg.logging.run_dir)
     tokenizer = load_tokenizer(cfg.model.hf_path)
     train = load_prompt_dataset(cfg.data.train_path, tokenizer, cfg.data)
-    _check_enough_prompts(train.stats, cfg)
+    check_enough_prompts(train.stats, cfg)
     sampler = PromptSampler(train.records, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
     eval_records = (load_prompt_dataset(cfg.data.eval_path, tokenizer, cfg.data).records
                     if cfg.data.eval_path and runtime.is_main else None)
@@ -206,19 +178,6 @@ def _build_around_engine(cfg, runtime, preemption, engine) -> TrainerParts:
     if runtime.world_size > 1:
         dist.barrier()
     return parts
-
-
-def _check_enough_prompts(stats, cfg) -> None:
-    """A step draws ``batch.num_prompts_per_step`` distinct prompts (each one's samples share its
-    group); fewer usable ones than that cannot fill a step, so refuse at start with the counts."""
-    need = cfg.batch.num_prompts_per_step
-    if stats.num_loaded < need:
-        raise DataLoadError(
-            f"{stats.path}: {stats.num_loaded} usable prompts ({stats.num_rows} rows, "
-            f"{stats.num_bad} malformed, {stats.num_too_long} longer than "
-            f"data.max_prompt_tokens={cfg.data.max_prompt_tokens}), fewer than "
-            f"batch.num_prompts_per_step={need}: add prompts, raise data.max_prompt_tokens or "
-            "lower batch.num_prompts_per_step")
 
 
 def _load_initial(learner: Learner, cfg) -> None:

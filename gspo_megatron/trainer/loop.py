@@ -40,6 +40,7 @@ from gspo_megatron.trainer.batching import (rollout_routing_shape, rollout_to_se
 from gspo_megatron.trainer.build import TrainerParts
 from gspo_megatron.trainer.evaluation import evaluate_accuracy
 from gspo_megatron.trainer.expert_volatility import ExpertVolatilityProbe
+from gspo_megatron.trainer.finish import finish_run
 from gspo_megatron.trainer.old_policy import OldPolicy, old_policy_pass
 from gspo_megatron.trainer.preemption import REQUEUE_EXIT_CODE
 from gspo_megatron.trainer.rollout_pipeline import RolloutPipeline
@@ -249,7 +250,7 @@ class GSPOTrainer:
                             p.preemption.signal_name or "a signal on another rank", REQUEUE_EXIT_CODE)
                 return REQUEUE_EXIT_CODE
         bar.close()
-        p.finish()
+        finish_run(p)
         return 0
 
 

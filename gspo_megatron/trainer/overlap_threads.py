@@ -65,6 +65,17 @@ def is_serial(phase: Optional[str]) -> bool:
     return bool(phase) and phase.startswith(SERIAL)
 
 
+def overlap_thread_tuner(cfg) -> Optional["OverlapThreadTuner"]:
+    """The tuner of a run (main rank), or None unless the embedded engine's process overlaps the
+    learner (``rollout.overlap_one_step`` with ``rollout.engine=embedded``): only then does the
+    engine take cores from the learner's machine."""
+    r = cfg.rollout
+    if not (r.overlap_one_step and r.engine == "embedded"):
+        return None
+    return OverlapThreadTuner(r.overlap_thread_split, torch.get_num_threads(),
+                              r.embedded_num_threads, r.overlap_probe_steps, cfg.trainer.num_steps)
+
+
 class OverlapThreadTuner:
     """Sets the learner's threads step by step while probing, then keeps the faster split.
 

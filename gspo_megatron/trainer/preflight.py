@@ -9,9 +9,11 @@ the file named, instead of minutes later inside transformers or Megatron:
 * the initial weights: ``checkpoint.load_dir`` must be a complete gspo-megatron checkpoint;
   otherwise the safetensors in ``model.hf_path`` must be complete (no truncated shard) and match
   ``config.json`` tensor by tensor (the converter's own check, ``checkpoint/hf_io.py``);
-* ``data.train_path`` / ``data.eval_path``: existing files (their rows are checked on load).
+* ``data.train_path`` / ``data.eval_path``: existing files (their rows are checked on load), and
+  enough usable prompts in the first to fill a step.
 
     check_input_files(cfg)                       # before the tokenizer and the data load
+    check_enough_prompts(train.stats, cfg)       # once the prompts are loaded
     check_initial_weights(cfg, resuming=False)   # once the resume decision is known
 """
 
@@ -24,6 +26,7 @@ from gspo_megatron.checkpoint.convert import model_config_for_hf_dir
 from gspo_megatron.checkpoint.hf_io import HFCheckpointError, HFCheckpointReader
 from gspo_megatron.checkpoint.mapping import MappingError, expected_hf_shapes
 from gspo_megatron.config.validate import ConfigError
+from gspo_megatron.data.records import DataLoadError
 from gspo_megatron.learner.checkpoint_files import CheckpointError, require_complete
 from gspo_megatron.learner.checkpointing import read_meta
 
@@ -88,6 +91,19 @@ def check_input_files(cfg) -> None:
                           "tokenizer and the rollout engine's architecture")
     _check_hf_dir(cfg.model.hf_path)
     _check_data_files(cfg)
+
+
+def check_enough_prompts(stats, cfg) -> None:
+    """A step draws ``batch.num_prompts_per_step`` distinct prompts (each one's samples share its
+    group); fewer usable ones than that cannot fill a step, so refuse at start with the counts."""
+    need = cfg.batch.num_prompts_per_step
+    if stats.num_loaded < need:
+        raise DataLoadError(
+            f"{stats.path}: {stats.num_loaded} usable prompts ({stats.num_rows} rows, "
+            f"{stats.num_bad} malformed, {stats.num_too_long} longer than "
+            f"data.max_prompt_tokens={cfg.data.max_prompt_tokens}), fewer than "
+            f"batch.num_prompts_per_step={need}: add prompts, raise data.max_prompt_tokens or "
+            "lower batch.num_prompts_per_step")
 
 
 def load_tokenizer(hf_path: str):

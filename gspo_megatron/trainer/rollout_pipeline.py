@@ -11,7 +11,7 @@ on the current one), written as one small object here so the loop stays a one-pa
     train(rollout)
 
 Production runs on the main rank in a background thread: the embedded engine then lives in its
-own process (``rollout.embedded_process``), SGLang servers are remote, so the thread only waits.
+own process (``rollout.embedded.process``), SGLang servers are remote, so the thread only waits.
 Every rank tracks what was submitted, so the collectives (broadcast, log-prob pass) line up.
 
 When a rollout is received, the loop's ``prepare`` turns it into the step's batch and pi_old

@@ -16,7 +16,7 @@ from typing import Iterator, List, Tuple
 
 import torch
 
-from gspo_megatron.rollout import flat_bucket
+from gspo_megatron.rollout.sglang import flat_bucket
 from gspo_megatron.rollout.types import NamedTensors
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional
 
-from gspo_megatron.rollout import sglang_api as api
-from gspo_megatron.rollout.sglang_client import SGLangServerClient
+from gspo_megatron.rollout.sglang import api
+from gspo_megatron.rollout.sglang.client import SGLangServerClient
 from gspo_megatron.weight_sync.buckets import Bucket
 from gspo_megatron.weight_sync.sync import BucketTransport
 

@@ -33,9 +33,9 @@ from typing import List, Optional
 import torch
 
 from gspo_megatron.distributed.host_address import update_group_address
-from gspo_megatron.rollout import sglang_api as api
-from gspo_megatron.rollout.sglang_client import ServerUnavailable, SGLangServerClient
-from gspo_megatron.rollout.update_group import (broadcast_from_learner, create_update_group,
+from gspo_megatron.rollout.sglang import api
+from gspo_megatron.rollout.sglang.client import ServerUnavailable, SGLangServerClient
+from gspo_megatron.rollout.sglang.update_group import (broadcast_from_learner, create_update_group,
                                                 destroy_update_group)
 from gspo_megatron.weight_sync.buckets import Bucket
 from gspo_megatron.weight_sync.sync import BucketTransport

@@ -100,7 +100,7 @@ class BucketTransport(WeightTransport):
             return
         cache = self._server_models
         if members[0] not in cache:
-            from gspo_megatron.rollout.sglang_client import SGLangServerClient
+            from gspo_megatron.rollout.sglang.client import SGLangServerClient
             from gspo_megatron.weight_sync.server_model import ServerModel
 
             cache[members[0]] = ServerModel.from_server(SGLangServerClient(members[0], 60.0, 60.0))
@@ -174,8 +174,8 @@ def run_update(engine: Optional[RolloutEngine], transport: Optional[BucketTransp
 def _send(transport: BucketTransport, bucket: Bucket, weight_version: Optional[str], index: int) -> None:
     """``send_bucket``; a server's refusal or a timeout becomes :class:`BucketFailed` naming the
     bucket (a wrong key stays ``ServerAuthError``: a configuration error, not a lost bucket)."""
-    from gspo_megatron.rollout.sglang_api import ServerRefused
-    from gspo_megatron.rollout.sglang_client import ServerAuthError, ServerUnavailable
+    from gspo_megatron.rollout.sglang.api import ServerRefused
+    from gspo_megatron.rollout.sglang.client import ServerAuthError, ServerUnavailable
 
     try:
         transport.send_bucket(bucket, weight_version)

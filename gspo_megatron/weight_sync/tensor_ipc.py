@@ -31,8 +31,8 @@ import torch
 import torch.multiprocessing
 import torch.multiprocessing.reductions as reductions
 
-from gspo_megatron.rollout import sglang_api as api
-from gspo_megatron.rollout.sglang_client import SGLangServerClient
+from gspo_megatron.rollout.sglang import api
+from gspo_megatron.rollout.sglang.client import SGLangServerClient
 from gspo_megatron.weight_sync.buckets import Bucket
 from gspo_megatron.weight_sync.sync import BucketTransport
 

@@ -7,13 +7,13 @@ server would refuse fails the tests here too.
 
 - routes and methods: ``srt/entrypoints/http_server.py`` (``ROUTES``; checked against the wheel
   by tests/test_rollout_sglang_conformance.py); a wrong method answers 405, an unknown path 404.
-- ``/generate``: :mod:`rollout.reference_requests` (JSON contract, context length, token ids);
+- ``/generate``: :mod:`rollout.standin.request_validation` (JSON contract, context length, token ids);
   waits while generation is paused; cancelled by ``/abort_request`` or a client disconnect.
 - ``/health`` and ``/health_generate`` generate one token (0.5.23 enables generation on both):
   200 once any decoding step ran after the call, 503 after ``health_timeout_s`` (SGLang's
   ``SGLANG_HEALTH_CHECK_TIMEOUT``, 20 s) or while memory is released.
-- pause / continue / abort / flush / memory: :mod:`rollout.reference_scheduler`; weight updates:
-  :mod:`rollout.reference_weights`.
+- pause / continue / abort / flush / memory: :mod:`rollout.standin.scheduler`; weight updates:
+  :mod:`rollout.standin.weights`.
 - ``/release_memory_occupation`` needs ``--enable-memory-saver`` (stricter: without it SGLang
   answers 200 and frees nothing) and an idle server (SGLang's assertion and message).
 
@@ -21,7 +21,7 @@ Fault injection for tests (:class:`FaultPlan`, or ``--fail-requests 3,5 --delay-
 --exit-on-request 4 --hang-requests 2``): the k-th ``/generate`` request (1-based, counted on
 arrival) answers 500, sleeps, kills the process before answering, or hangs.
 
-    python -m gspo_megatron.rollout.reference_server --model-path DIR --port 30000 [--enable-memory-saver]
+    python -m gspo_megatron.rollout.standin.server --model-path DIR --port 30000 [--enable-memory-saver]
 """
 
 from __future__ import annotations
@@ -40,14 +40,14 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
-from gspo_megatron.rollout import sglang_api as api
-from gspo_megatron.rollout.server_keys import ServerKeys, read_keys
-from gspo_megatron.rollout.embedded import EmbeddedEngine, GeneratedRow
+from gspo_megatron.rollout.sglang import api
+from gspo_megatron.rollout.sglang.server_keys import ServerKeys, read_keys
+from gspo_megatron.rollout.embedded.engine import EmbeddedEngine, GeneratedRow
 from gspo_megatron.rollout.routed_experts import encode_sglang
-from gspo_megatron.rollout.reference_memory import LEDGER_ENV, MemoryLedger, OutOfMemory, ServerMemory
-from gspo_megatron.rollout.reference_requests import ContractError, RequestError, parse_generate
-from gspo_megatron.rollout.reference_scheduler import Job, ReferenceScheduler, Refused
-from gspo_megatron.rollout.reference_weights import WeightReceiver
+from gspo_megatron.rollout.standin.memory_ledger import LEDGER_ENV, MemoryLedger, OutOfMemory, ServerMemory
+from gspo_megatron.rollout.standin.request_validation import ContractError, RequestError, parse_generate
+from gspo_megatron.rollout.standin.scheduler import Job, ReferenceScheduler, Refused
+from gspo_megatron.rollout.standin.weights import WeightReceiver
 from gspo_megatron.rollout.types import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ class ReferenceServer:
                  keys: Optional[ServerKeys] = None, memory: Optional[ServerMemory] = None) -> None:
         self.engine = engine
         self.memory = memory
-        """The static pool on a simulated GPU's ledger (``reference_memory.py``); None: untracked."""
+        """The static pool on a simulated GPU's ledger (``memory_ledger.py``); None: untracked."""
         self.keys = keys
         """With keys, SGLang's levels (``srt/utils/auth.py``): the admin key on the management
         endpoints, the ordinary key elsewhere, none on ``/health*`` (``server_keys.for_path``)."""
@@ -385,7 +385,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--key-file", default=None,
                    help="JSON {api_key, admin_api_key} (mode 0600): require SGLang's bearer keys")
     p.add_argument("--memory-ledger", default=os.environ.get(LEDGER_ENV),
-                   help="simulated GPU memory ledger (reference_memory.py); default: $" + LEDGER_ENV)
+                   help="simulated GPU memory ledger (memory_ledger.py); default: $" + LEDGER_ENV)
     p.add_argument("--mem-fraction-static", type=float, default=0.7,
                    help="SGLang's flag: the static pool's share of the free memory (ledger only)")
     p.add_argument("--enable-return-routed-experts", action="store_true",

@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence, Set, Tuple
 
-from gspo_megatron.rollout import sglang_api as api
-from gspo_megatron.rollout.sglang_client import SGLangServerClient, ServerUnavailable
+from gspo_megatron.rollout.sglang import api
+from gspo_megatron.rollout.sglang.client import SGLangServerClient, ServerUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ after the other (4-layer tiny MoE, docs/performance.md). In its own process the 
 own interpreter and its own torch thread pool (``num_threads``).
 
 How: :class:`EmbeddedProcessEngine` spawns a child that loads
-:class:`~gspo_megatron.rollout.embedded.EmbeddedEngine` from an HF directory, moves the model's
+:class:`~gspo_megatron.rollout.embedded.engine.EmbeddedEngine` from an HF directory, moves the model's
 tensors into shared memory and sends them back once. The parent keeps those shared tensors, so
 :meth:`load_weights` (what the in-process weight transport calls) copies new weights straight
 into the child's parameters: no pickling, one memcpy. Weights are only written between
@@ -44,7 +44,7 @@ def _serve(conn, model_path: str, max_batch_size: int, num_threads: int, logprob
     """Child process: load the engine, share its tensors, then answer requests until 'stop'."""
     try:
         torch.set_num_threads(num_threads)
-        from gspo_megatron.rollout.embedded import EmbeddedEngine
+        from gspo_megatron.rollout.embedded.engine import EmbeddedEngine
 
         engine = EmbeddedEngine.from_pretrained(model_path, dtype=dtype,
                                                 max_batch_size=max_batch_size,

@@ -12,7 +12,7 @@ The math follows ``transformers/models/qwen3_moe/modeling_qwen3_moe.py`` (and ``
 in fp32 cast back before the weight, per-head q/k RMSNorm before RoPE (cos/sin from the model's
 own ``rotary_emb``, so every RoPE type it supports works), softmax routing in fp32, top-k
 renormalised when ``norm_topk_prob``, experts summed in expert order. Log-probs match the HF
-forward to float rounding (tests/test_rollout_kv_decoder.py).
+forward to float rounding (tests/test_rollout_embedded_kv_decoder.py).
 
 Padding rows: prompts are left-padded; a padded query position may attend to itself so that no
 softmax row is empty (its output is never used, and padded keys are masked for everyone else).

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from gspo_megatron.rollout.embedded import EmbeddedEngine
-from gspo_megatron.rollout.kv_decoder import (HFDecoder, Qwen3Decoder, lean_path_unsupported,
+from gspo_megatron.rollout.embedded.engine import EmbeddedEngine
+from gspo_megatron.rollout.embedded.kv_decoder import (HFDecoder, Qwen3Decoder, lean_path_unsupported,
                                               make_decoder)
 from gspo_megatron.tiny_task.model import build_tiny_policy
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams

@@ -1,10 +1,11 @@
-"""Tests of server membership and least-loaded choice (rollout/server_pool.py), with fake clients."""
+"""Tests of server membership and least-loaded choice (rollout/sglang/server_pool.py), with fake
+clients."""
 
 import pytest
 
-from gspo_megatron.rollout import sglang_api as api
-from gspo_megatron.rollout.server_pool import NoLiveServer, ServerPool
-from gspo_megatron.rollout.sglang_client import ServerUnavailable
+from gspo_megatron.rollout.sglang import api
+from gspo_megatron.rollout.sglang.client import ServerUnavailable
+from gspo_megatron.rollout.sglang.server_pool import NoLiveServer, ServerPool
 
 
 class FakeClient:

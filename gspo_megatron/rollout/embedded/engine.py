@@ -2,7 +2,7 @@
 
 Holds the Hugging Face form of the current policy (loaded from a directory, or an in-memory
 ``PreTrainedModel`` + tokenizer), generates batches of prompts with a KV cache and left
-padding, and reports per-token log-probs (semantics in :mod:`rollout.sampling`). Each sample
+padding, and reports per-token log-probs (semantics in :mod:`rollout.embedded.sampling`). Each sample
 draws from its own generator seeded by (seed, prompt_id, sample_index), so the same seed gives
 the same samples for any batch size. New weights arrive by HF name through
 :meth:`load_weights` (the in-process transport) or :meth:`load_weights_from_disk` (the disk
@@ -24,8 +24,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from gspo_megatron.rollout.kv_decoder import make_decoder
-from gspo_megatron.rollout.sampling import (LOGPROB_MODES, draw_tokens, make_generators,
+from gspo_megatron.rollout.embedded.kv_decoder import make_decoder
+from gspo_megatron.rollout.embedded.sampling import (LOGPROB_MODES, draw_tokens, make_generators,
                                             process_logits, select_logprobs)
 from gspo_megatron.rollout.types import (GenerationRequest, NamedTensors, RolloutEngine, Sample,
                                          SamplingParams, WeightSyncStats, expand_requests,

@@ -1,9 +1,9 @@
-"""Tests of SGLang's flattened_bucket layout (rollout/flat_bucket.py)."""
+"""Tests of SGLang's flattened_bucket layout (rollout/sglang/flat_bucket.py)."""
 
 import pytest
 import torch
 
-from gspo_megatron.rollout import flat_bucket as fb
+from gspo_megatron.rollout.sglang import flat_bucket as fb
 
 
 def test_roundtrip_is_bit_identical_for_each_dtype():

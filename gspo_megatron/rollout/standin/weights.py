@@ -18,7 +18,7 @@ Rules (``managers/scheduler_components/weight_updater.py``, ``managers/tokenizer
 and answers once every rank joined; ``/update_weights_from_distributed`` receives the bucket
 from group rank 0 (one flat tensor with ``load_format="flattened_bucket"``, else one broadcast
 per tensor); ``/update_weights_from_tensor`` opens tensor handles (CUDA IPC, or shared memory on
-CPU) with :mod:`rollout.handle_unpickler`; ``/get_weights_by_name`` returns a parameter's first
+CPU) with :mod:`rollout.standin.handle_unpickler`; ``/get_weights_by_name`` returns a parameter's first
 values.
 """
 
@@ -30,12 +30,12 @@ from typing import Any, Dict, Tuple
 
 import torch
 
-from gspo_megatron.rollout import flat_bucket
-from gspo_megatron.rollout import sglang_api as api
-from gspo_megatron.rollout.handle_unpickler import load_named_tensors
-from gspo_megatron.rollout.reference_scheduler import ReferenceScheduler
-from gspo_megatron.rollout.update_group import (broadcast_from_learner, create_update_group,
+from gspo_megatron.rollout.sglang import api
+from gspo_megatron.rollout.sglang import flat_bucket
+from gspo_megatron.rollout.sglang.update_group import (broadcast_from_learner, create_update_group,
                                                 destroy_update_group)
+from gspo_megatron.rollout.standin.handle_unpickler import load_named_tensors
+from gspo_megatron.rollout.standin.scheduler import ReferenceScheduler
 
 log = logging.getLogger(__name__)
 

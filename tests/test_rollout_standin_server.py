@@ -13,9 +13,9 @@ import pytest
 import requests
 import torch
 
-from gspo_megatron.rollout import sglang_api as api
-from gspo_megatron.rollout.embedded import EmbeddedEngine
-from gspo_megatron.rollout.reference_server import FLUSHED, FaultPlan, ReferenceServer, main
+from gspo_megatron.rollout.sglang import api
+from gspo_megatron.rollout.embedded.engine import EmbeddedEngine
+from gspo_megatron.rollout.standin.server import FLUSHED, FaultPlan, ReferenceServer, main
 from gspo_megatron.tiny_task.model import build_tiny_policy
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams, sample_seed
 from gspo_megatron.weight_sync.buckets import Bucket

@@ -7,13 +7,13 @@ the member server with the fewest outstanding requests. Results come back as the
 Failure handling, per sample: a connection error, timeout, HTTP 5xx, malformed body, an
 ``abort`` finish or an answer from stale weights is retried on another server (up to
 ``max_retries`` more attempts); a server that then fails its health probe leaves the rotation
-(:mod:`rollout.server_pool`). Each sample is owned by one task that accepts exactly one answer,
+(:mod:`rollout.sglang.server_pool`). Each sample is owned by one task that accepts exactly one answer,
 so no sample is lost or duplicated; an attempt the client gave up on (timeout) is aborted on its
 server by request id, since SGLang would otherwise keep generating it. An abort caused by our own
 weight-sync pause is retried without counting as a failure. A sample that exhausts its retries
 fails the batch with an error naming it.
 
-Weight syncs and colocated memory go through :mod:`rollout.sglang_control` (pause, abort,
+Weight syncs and colocated memory go through :mod:`rollout.sglang.control` (pause, abort,
 session, flush, continue; release / resume).
 """
 
@@ -27,11 +27,11 @@ from typing import Dict, Iterator, List, Optional, Sequence, Set
 
 import torch
 
-from gspo_megatron.rollout import sglang_api as api
 from gspo_megatron.rollout.routed_experts import MalformedRouting, RoutingShape, decode_sglang
-from gspo_megatron.rollout.server_pool import NoLiveServer, ServerPool, ServerState
-from gspo_megatron.rollout.sglang_client import SGLangServerClient, ServerUnavailable
-from gspo_megatron.rollout.sglang_control import FleetControl
+from gspo_megatron.rollout.sglang import api
+from gspo_megatron.rollout.sglang.client import SGLangServerClient, ServerUnavailable
+from gspo_megatron.rollout.sglang.control import FleetControl
+from gspo_megatron.rollout.sglang.server_pool import NoLiveServer, ServerPool, ServerState
 from gspo_megatron.rollout.types import (GenerationRequest, RolloutEngine, Sample, SamplingParams,
                                          expand_requests, sample_seed)
 
@@ -85,8 +85,8 @@ class SGLangEngine(RolloutEngine):
                     routing_shape: Optional[RoutingShape] = None) -> "SGLangEngine":
         """Attach to ``cfg.server_addresses``, or start ``cfg.num_servers`` with ``launch(cfg,
         model_path, log_dir=..., enable_memory_saver=..., key_file=...)`` (SGLang by default;
-        launched servers require the keys in ``key_file``, ``rollout/server_keys.py``); then wait
-        for health and check every server runs SGLang :data:`sglang_api.SGLANG_VERSION`.
+        launched servers require the keys in ``key_file``, ``rollout/sglang/server_keys.py``); then wait
+        for health and check every server runs SGLang :data:`api.SGLANG_VERSION`.
         ``routing_shape`` (R3): launched servers capture routed experts and every sample returns
         them (attached servers must run with ``--enable-return-routed-experts``)."""
         launcher, addresses = None, list(cfg.server_addresses)
@@ -95,7 +95,7 @@ class SGLangEngine(RolloutEngine):
                 raise ValueError("rollout.sglang.server_addresses is empty and no model path was "
                                  "given to launch servers from (model.hf_path)")
             if launch is None:
-                from gspo_megatron.rollout.sglang_launcher import launch_sglang_fleet as launch
+                from gspo_megatron.rollout.sglang.launcher import launch_sglang_fleet as launch
             launcher = launch(cfg, model_path, log_dir=log_dir, enable_memory_saver=enable_memory_saver,
                               key_file=key_file, return_routed_experts=routing_shape is not None)
             addresses = launcher.addresses
@@ -325,7 +325,7 @@ class SGLangEngine(RolloutEngine):
         self.metrics.num_retries = self._num_retries
         return samples
 
-    # --- weight sync protocol and memory (rollout/sglang_control.py) ------------------------
+    # --- weight sync protocol and memory (rollout/sglang/control.py) ------------------------
     def begin_weight_update(self, session: bool = True) -> List[str]:
         return self.control.begin(session)
 

@@ -1,4 +1,4 @@
-"""rollout/reference_memory.py: the stand-in's simulated GPU. Allocations that do not fit are
+"""rollout/standin/memory_ledger.py: the stand-in's simulated GPU. Allocations that do not fit are
 refused naming what is held; the server's static pool follows SGLang's mem_fraction_static of the
 memory free at its start; release / resume move its tags; the reference server refuses a resume
 that no longer fits (SGLang would fail with CUDA out of memory)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gspo_megatron.rollout.reference_memory import MemoryLedger, OutOfMemory, ServerMemory
+from gspo_megatron.rollout.standin.memory_ledger import MemoryLedger, OutOfMemory, ServerMemory
 
 
 def test_allocations_beyond_the_budget_are_refused_and_recorded(tmp_path):
@@ -38,9 +38,9 @@ def test_the_server_pool_is_its_fraction_of_what_was_free_at_its_start(tmp_path)
 
 
 def test_the_reference_server_refuses_a_resume_that_does_not_fit(tmp_path):
-    from gspo_megatron.rollout import sglang_api as api
-    from gspo_megatron.rollout.embedded import EmbeddedEngine
-    from gspo_megatron.rollout.reference_server import ReferenceServer
+    from gspo_megatron.rollout.embedded.engine import EmbeddedEngine
+    from gspo_megatron.rollout.sglang import api
+    from gspo_megatron.rollout.standin.server import ReferenceServer
     from gspo_megatron.tiny_task.model import build_tiny_policy
 
     model, tok = build_tiny_policy(seed=0)

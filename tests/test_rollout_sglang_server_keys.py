@@ -1,7 +1,7 @@
-"""Per-job rollout server keys (rollout/server_keys.py): the file, the levels, and both servers.
+"""Per-job rollout server keys (rollout/sglang/server_keys.py): the file, the levels, and both servers.
 
 Against the reference server (in-process) and the real SGLang 0.5.23 server on CPU (started
-through ``rollout/sglang_keyed_launch.py``): requests without the key or with a wrong one to
+through ``rollout/sglang/keyed_launch.py``): requests without the key or with a wrong one to
 ``/generate``, ``/update_weights_from_disk``, ``/init_weights_update_group`` and
 ``/pause_generation`` are refused, ``/health`` answers, and our client with the keys works while
 one without them gets one clear error naming the server, not retried. The keys appear in no
@@ -18,11 +18,11 @@ import psutil
 import pytest
 import requests
 
-from gspo_megatron.rollout import sglang_api as api
-from gspo_megatron.rollout.server_keys import (ADMIN_PATHS, KeyFileError, ServerKeys, ensure_keys,
+from gspo_megatron.rollout.sglang import api
+from gspo_megatron.rollout.sglang.client import ServerAuthError, SGLangServerClient
+from gspo_megatron.rollout.sglang.engine import SGLangEngine
+from gspo_megatron.rollout.sglang.server_keys import (ADMIN_PATHS, KeyFileError, ServerKeys, ensure_keys,
                                                new_keys, read_keys, write_keys)
-from gspo_megatron.rollout.sglang_client import ServerAuthError, SGLangServerClient
-from gspo_megatron.rollout.sglang_engine import SGLangEngine
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
 from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model
 from tests.real_sglang import SGLANG_PYTHON, RealServer
@@ -135,8 +135,8 @@ def _check_clients(address, keys):
 
 
 def test_the_reference_server_enforces_sglangs_levels(tmp_path):
-    from gspo_megatron.rollout.embedded import EmbeddedEngine
-    from gspo_megatron.rollout.reference_server import ReferenceServer
+    from gspo_megatron.rollout.embedded.engine import EmbeddedEngine
+    from gspo_megatron.rollout.standin.server import ReferenceServer
 
     keys = ensure_keys(str(tmp_path / "keys.json"))
     server = ReferenceServer(EmbeddedEngine(*build_tiny_policy(seed=0)), keys=keys).start()

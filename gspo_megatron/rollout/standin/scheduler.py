@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set
 
-from gspo_megatron.rollout.embedded import EmbeddedEngine, GeneratedRow
+from gspo_megatron.rollout.embedded.engine import EmbeddedEngine, GeneratedRow
 from gspo_megatron.rollout.types import SamplingParams
 
 log = logging.getLogger(__name__)

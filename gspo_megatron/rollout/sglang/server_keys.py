@@ -9,7 +9,7 @@ memory). ``/health*``, ``/ready*`` and ``/metrics`` stay open for probes.
 
 The keys never travel on a command line (``ps``, the launch plan, a Slurm dry run, a log): they
 live in one JSON file, mode 0600, by default in the run directory
-(``rollout.sglang.key_file``); servers read it at start (``rollout/sglang_keyed_launch.py`` for
+(``rollout.sglang.key_file``); servers read it at start (``rollout/sglang/keyed_launch.py`` for
 SGLang, ``--key-file`` for the reference server) and every client of this process sends them
 (:func:`use_keys`, read by ``SGLangServerClient``): a process-wide default, because clients are
 made deep inside the weight transports of every pipeline stage, which all belong to one job.
@@ -39,7 +39,7 @@ ADMIN_PATHS = frozenset({
 })
 """The endpoints we call that sglang 0.5.23 marks ``@auth_level(AuthLevel.ADMIN_OPTIONAL)``
 (``srt/entrypoints/http_server.py``): with an admin key configured they take only that key.
-``tests/test_rollout_server_keys.py`` re-reads the installed server's source."""
+``tests/test_rollout_sglang_server_keys.py`` re-reads the installed server's source."""
 
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")
 """Always answered without a key (``decide_request_auth``)."""

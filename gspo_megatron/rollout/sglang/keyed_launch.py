@@ -1,6 +1,6 @@
 """Start an SGLang server with the job's keys from a file, so that no command line shows them.
 
-    python /path/to/sglang_keyed_launch.py KEY_FILE [SGLang launch_server arguments ...]
+    python REPO/gspo_megatron/rollout/sglang/keyed_launch.py KEY_FILE [launch_server arguments ...]
 
 Run by path with the server's own interpreter (the image's, or ``.venv-sglang``): it imports
 nothing of gspo_megatron (that environment need not have it), only the standard library and
@@ -19,8 +19,9 @@ two keys there. It still returns them in ``/server_info`` to any caller holding 
 
 import sys
 
-# Run by path, Python puts this file's folder first on sys.path, where gspo_megatron's own
-# ``rollout/types.py`` would shadow the standard library's ``types``: drop it before importing.
+# Run by path, Python puts this file's folder first on sys.path, which would make its siblings
+# (``api``, ``engine``, ``launcher`` ...) top-level modules that shadow any installed module of
+# the same name: drop it before importing.
 if sys.path and sys.path[0] and __file__.startswith(sys.path[0]):
     del sys.path[0]
 
@@ -33,7 +34,7 @@ import stat  # noqa: E402
 def _read_keys(path):
     mode = os.stat(path).st_mode
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        sys.exit(f"sglang_keyed_launch: key file {path} has mode {stat.filemode(mode)}; "
+        sys.exit(f"keyed_launch: key file {path} has mode {stat.filemode(mode)}; "
                  "others could read it (chmod 600)")
     with open(path) as f:
         data = json.load(f)
@@ -65,7 +66,7 @@ def keyed_argv(arguments, api_key: str, admin_api_key: str) -> list:
 
 def main():
     if len(sys.argv) < 2:
-        sys.exit("usage: sglang_keyed_launch.py KEY_FILE [launch_server arguments ...]")
+        sys.exit("usage: keyed_launch.py KEY_FILE [launch_server arguments ...]")
     api_key, admin_api_key = _read_keys(sys.argv[1])
     sys.argv = keyed_argv(sys.argv[2:], api_key, admin_api_key)
     _redact_logged_arguments()

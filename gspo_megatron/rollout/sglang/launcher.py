@@ -1,19 +1,19 @@
-"""Start and stop rollout server processes: SGLang servers on GPU nodes, reference servers on CPU.
+"""Start and stop rollout server processes: SGLang servers, on GPU nodes or SGLang's CPU engine.
 
 Builds the command lines (``python -m sglang.launch_server`` with the config's TP/DP/EP and
-memory settings; ``python -m gspo_megatron.rollout.reference_server`` on CPU), starts them with
-their output in log files, and stops exactly the processes it started, by PID (SIGTERM, then
-SIGKILL after a grace period). Waiting for health is the engine's job (bounded by
-``sglang.health_timeout_s``).
+memory settings), starts them with their output in log files, and stops exactly the processes it
+started, by PID (SIGTERM, then SIGKILL after a grace period). Waiting for health is the engine's
+job (bounded by ``sglang.health_timeout_s``). The stand-in's fleet is started by the same
+:class:`ServerLauncher` (``rollout/standin/launcher.py``).
 
 Colocated mode needs ``--enable-memory-saver`` (sglang 0.5.23 ``server_args.py``): without it
 ``/release_memory_occupation`` answers 200 but frees nothing (a no-op memory-saver adapter), and
-the learner then runs out of memory. Both launchers pass it; a Slurm script that starts servers
-itself must pass it too.
+the learner then runs out of memory. Both fleets' launchers pass it; a Slurm script that starts
+servers itself must pass it too.
 
 ``rollout.sglang.device=cpu`` runs SGLang's CPU engine (the real server in the tests, with its own
 interpreter ``rollout.sglang.python``); servers started with a key file require the job's keys
-(``rollout/server_keys.py``) without showing them on any command line.
+(``rollout/sglang/server_keys.py``) without showing them on any command line.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def _dies_with_us(command: List[str]) -> List[str]:
             str(os.getpid()), "--", *command]
 
 
-KEYED_LAUNCH_MODULE = "gspo_megatron.rollout.sglang_keyed_launch"
+KEYED_LAUNCH_MODULE = "gspo_megatron.rollout.sglang.keyed_launch"
 """The script that starts SGLang with the job's keys read from a file. Run by path, not with
 ``-m``: the server's environment need not have gspo_megatron installed."""
 
@@ -50,8 +50,9 @@ def keyed_launch_path(repo: str) -> str:
     return os.path.join(repo, *KEYED_LAUNCH_MODULE.split(".")) + ".py"
 
 
-KEYED_LAUNCH = keyed_launch_path(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))))
+# this file is <checkout>/gspo_megatron/rollout/sglang/launcher.py
+KEYED_LAUNCH = keyed_launch_path(os.path.abspath(os.path.join(os.path.dirname(__file__),
+                                                              *[os.pardir] * 3)))
 
 
 def sglang_server_command(cfg, model_path: str, index: int, host: str = "127.0.0.1",
@@ -65,7 +66,7 @@ def sglang_server_command(cfg, model_path: str, index: int, host: str = "127.0.0
     its node (``--base-gpu-id``). ``enable_memory_saver`` is needed by colocated mode's
     ``/release_memory_occupation``; ``deterministic`` makes SGLang honour ``sampling_seed``.
     With ``key_file`` the server starts through ``keyed_launch``
-    (``rollout/sglang_keyed_launch.py``), which adds ``--api-key`` / ``--admin-api-key`` from
+    (``rollout/sglang/keyed_launch.py``), which adds ``--api-key`` / ``--admin-api-key`` from
     that file inside the process: the command line holds only the file's path. ``--dtype`` is
     ``cfg.dtype`` or the checkpoint's own; ``cfg.device == "cpu"`` adds the CPU engine's flags.
     ``return_routed_experts`` (R3) makes the server capture every token's experts.
@@ -124,20 +125,6 @@ CPU_ENGINE_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
 def sglang_server_env(cfg) -> Dict[str, str]:
     """Environment additions for a server of this fleet (the CPU engine's switch)."""
     return dict(CPU_ENGINE_ENV) if cfg.device == "cpu" else {}
-
-
-def reference_server_command(model_path: str, port: int, host: str = "127.0.0.1",
-                             extra: Sequence[str] = (), python: str = sys.executable,
-                             enable_memory_saver: bool = False,
-                             key_file: Optional[str] = None,
-                             return_routed_experts: bool = False) -> List[str]:
-    """Command line of a CPU reference server (same HTTP API as SGLang); ``key_file``: require
-    the job's keys, which the server reads from that file."""
-    saver = ["--enable-memory-saver"] if enable_memory_saver else []
-    saver += [ROUTED_EXPERTS_FLAG] if return_routed_experts else []
-    keys = ["--key-file", key_file] if key_file else []
-    return [python, "-m", "gspo_megatron.rollout.reference_server", "--model-path", model_path,
-            "--host", host, "--port", str(port), *saver, *keys, *extra]
 
 
 @dataclass
@@ -200,22 +187,4 @@ def launch_sglang_fleet(cfg, model_path: str, host: str = "127.0.0.1",
                                     cfg.deterministic_inference, python=cfg.python or sys.executable,
                                     key_file=key_file, return_routed_experts=return_routed_experts)
         launcher.start(cmd, f"{host}:{cfg.port + i}")
-    return launcher
-
-
-def launch_reference_fleet(cfg, model_path: str, host: str = "127.0.0.1",
-                           log_dir: Optional[str] = None, enable_memory_saver: bool = False,
-                           key_file: Optional[str] = None,
-                           return_routed_experts: bool = False) -> ServerLauncher:
-    """Start ``cfg.num_servers`` CPU reference servers, server i on ``cfg.port + i``."""
-    launcher = ServerLauncher(log_dir, env={"OMP_NUM_THREADS": "1"})
-    for i in range(cfg.num_servers):
-        port = cfg.port + i
-        launcher.start(reference_server_command(model_path, port, host,
-                                                extra=["--mem-fraction-static",
-                                                       str(cfg.mem_fraction_static)],
-                                                enable_memory_saver=enable_memory_saver,
-                                                key_file=key_file,
-                                                return_routed_experts=return_routed_experts),
-                       f"{host}:{port}")
     return launcher

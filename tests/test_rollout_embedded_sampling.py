@@ -1,9 +1,9 @@
-"""Tests of temperature / top-p sampling and log-prob semantics (rollout/sampling.py)."""
+"""Tests of temperature / top-p sampling and log-prob semantics (rollout/embedded/sampling.py)."""
 
 import pytest
 import torch
 
-from gspo_megatron.rollout.sampling import (draw_tokens, make_generators, process_logits,
+from gspo_megatron.rollout.embedded.sampling import (draw_tokens, make_generators, process_logits,
                                             select_logprobs, top_p_mask)
 
 

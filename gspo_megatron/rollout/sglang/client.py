@@ -2,9 +2,9 @@
 
 Thread-safe (one ``requests.Session`` per thread). Transport failures (connection refused or
 reset, timeouts, HTTP 5xx) raise :class:`ServerUnavailable` so that callers can retry on another
-server; a refusal (HTTP 4xx, ``success: false``) raises :class:`sglang_api.ServerRefused` naming
+server; a refusal (HTTP 4xx, ``success: false``) raises :class:`api.ServerRefused` naming
 the server, the endpoint and SGLang's own message; a body outside the schema raises
-:class:`sglang_api.ProtocolError`. Status codes and bodies follow sglang 0.5.23's
+:class:`api.ProtocolError`. Status codes and bodies follow sglang 0.5.23's
 ``srt/entrypoints/http_server.py``.
 """
 
@@ -16,9 +16,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import requests
 
-from gspo_megatron.rollout import server_keys
-from gspo_megatron.rollout import sglang_api as api
-from gspo_megatron.rollout.server_keys import ServerKeys
+from gspo_megatron.rollout.sglang import api
+from gspo_megatron.rollout.sglang import server_keys
+from gspo_megatron.rollout.sglang.server_keys import ServerKeys
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class SGLangServerClient:
         self.timeout_s = timeout_s
         self.control_timeout_s = control_timeout_s
         self.keys = server_keys.process_keys() if keys is _PROCESS_KEYS else keys
-        """Bearer tokens sent on every call (``rollout/server_keys.py``); None sends none."""
+        """Bearer tokens sent on every call (``rollout/sglang/server_keys.py``); None sends none."""
         self._local = threading.local()
 
     def _session(self) -> requests.Session:

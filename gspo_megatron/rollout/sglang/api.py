@@ -4,7 +4,7 @@ One place owns the names, read from the pinned wheel (``sglang==0.5.23``):
 ``srt/entrypoints/http_server.py`` (routes, status codes), ``srt/managers/io_struct.py`` (admin
 request types), ``api/v1/api_types.py`` (the JSON contract of ``/generate``: unknown
 ``sampling_params`` keys are rejected) and ``srt/constants.py`` (memory tags). Both the client
-(:mod:`rollout.sglang_client`) and the CPU stand-in (:mod:`rollout.reference_server`) import them,
+(:mod:`rollout.sglang.client`) and the CPU stand-in (:mod:`rollout.standin.server`) import them,
 and ``tests/test_rollout_sglang_conformance.py`` checks every body against the field lists that
 ``tools/extract_sglang_api.py`` extracted from the wheel (``tests/data/sglang_api_0.5.23.json``).
 

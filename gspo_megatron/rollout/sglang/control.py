@@ -21,7 +21,7 @@ server in parallel and timed:
 8. ``/continue_generation`` (deferred while memory is released: ``resume_memory`` continues).
 
 A member that is unreachable during a phase leaves the rotation and is reported in the metrics
-(``weight_sync/num_skipped_servers``); a refusal raises :class:`sglang_api.ServerRefused` naming
+(``weight_sync/num_skipped_servers``); a refusal raises :class:`api.ServerRefused` naming
 the server, the endpoint and SGLang's message.
 """
 
@@ -32,9 +32,9 @@ import time
 from contextlib import contextmanager
 from typing import Dict, Iterator, List, Optional, Sequence, Set
 
-from gspo_megatron.rollout import sglang_api as api
-from gspo_megatron.rollout.server_pool import ServerPool, ServerState
-from gspo_megatron.rollout.sglang_client import ServerAuthError, ServerUnavailable
+from gspo_megatron.rollout.sglang import api
+from gspo_megatron.rollout.sglang.client import ServerAuthError, ServerUnavailable
+from gspo_megatron.rollout.sglang.server_pool import ServerPool, ServerState
 
 log = logging.getLogger(__name__)
 

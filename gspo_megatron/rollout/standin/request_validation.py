@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
-from gspo_megatron.rollout import sglang_api as api
+from gspo_megatron.rollout.sglang import api
 from gspo_megatron.rollout.types import SamplingParams
 
 
