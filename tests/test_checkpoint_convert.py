@@ -181,8 +181,8 @@ def test_config_that_does_not_match_weights_names_key(dense_dir, tmp_path):
     cfg["intermediate_size"] = 48
     (d / "config.json").write_text(json.dumps(cfg))
     _convert_expecting(HFCheckpointError,
-                       r"'model.layers.0.mlp.gate_proj.weight' has shape \[64, 32\] but .*config.json "
-                       r"implies \[48, 32\]", d, tmp_path)
+                       r"config.json: 'intermediate_size' is 48 but the checkpoint's tensors hold 64 "
+                       r"\(.*'model.layers.0.mlp.gate_proj.weight' has shape \[64, 32\]\)", d, tmp_path)
 
 
 def test_unsupported_architecture_is_refused(dense_dir, tmp_path):

@@ -41,6 +41,15 @@ def test_unknown_key_in_override_names_the_override():
         load_config(None, ["parallel.tpp=2"])
 
 
+def test_chat_template_kwargs_take_any_key_and_stay_typed_elsewhere(tmp_path):
+    top = write(tmp_path, "top.yaml", "data: {chat_template_kwargs: {enable_thinking: false}}\n")
+    assert dict(load_config(top).data.chat_template_kwargs) == {"enable_thinking": False}
+    cfg = load_config(None, ["data.chat_template_kwargs.reasoning_effort=low"])
+    assert dict(cfg.data.chat_template_kwargs) == {"reasoning_effort": "low"}
+    with pytest.raises(ConfigError, match="unknown key 'data.chat_template_kwarg'"):
+        load_config(None, ["data.chat_template_kwarg.x=1"])
+
+
 def test_wrong_type_names_key():
     with pytest.raises(ConfigError, match=r"bad value for 'parallel\.tp'"):
         load_config(None, ["parallel.tp=four"])

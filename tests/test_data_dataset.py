@@ -76,6 +76,14 @@ def test_string_prompt_is_wrapped_as_user_message_when_template_exists(tmp_path,
     assert len(record.prompt_token_ids) == len(record.prompt_text) - len("[user]") + 6
 
 
+def test_chat_template_kwargs_reach_the_template(tmp_path, chat_tokenizer):
+    chat_tokenizer.chat_template = CHAT_TEMPLATE + "{% if enable_thinking is false %}no{% endif %}"
+    path = _write_lines(tmp_path / "d.jsonl", [json.dumps({"prompt": "3+4=", "answer": "7"})])
+    cfg = DataConfig(chat_template_kwargs={"enable_thinking": False})
+    assert load_prompt_dataset(path, chat_tokenizer, cfg).records[0].prompt_text == "[user]3+4=\nA:no"
+    assert load_prompt_dataset(path, chat_tokenizer, DataConfig()).records[0].prompt_text == "[user]3+4=\nA:"
+
+
 def test_long_prompts_are_skipped_and_counted(tmp_path, tokenizer):
     lines = [json.dumps({"prompt": "1+1=", "answer": "2"}),
              json.dumps({"prompt": "1" * 40 + "+1=", "answer": "x"})]

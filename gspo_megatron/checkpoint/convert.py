@@ -25,6 +25,7 @@ from typing import List, Optional
 import torch
 
 from gspo_megatron.checkpoint import mapping
+from gspo_megatron.checkpoint.hf_checks import open_validated
 from gspo_megatron.checkpoint.hf_io import HFCheckpointReader
 from gspo_megatron.checkpoint.local_params import iter_local_units
 from gspo_megatron.checkpoint.meta import check_target
@@ -133,8 +134,7 @@ def convert_hf_to_megatron(hf_dir: str | Path, out_dir: str | Path, parallel: Pa
     hf_dir = Path(hf_dir)
     check_target(out_dir, overwrite)
     cfg = model_config_for_hf_dir(hf_dir, base)
-    reader = HFCheckpointReader(hf_dir)
-    unused = reader.validate(mapping.expected_hf_shapes(cfg), str(hf_dir / "config.json"))
+    reader, unused = open_validated(hf_dir, cfg)
     if unused and _is_main():
         log.warning("%s: %d tensors not used by the Qwen3 mapping, e.g. %s", hf_dir, len(unused),
                     unused[:5])

@@ -97,10 +97,14 @@ class HFCheckpointReader:
             raise HFCheckpointError(f"{self.dir / filename}: cannot read tensor '{name}' "
                                     f"({exc})") from None
 
-    def validate(self, expected: Dict[str, Tuple[int, ...]], config_file: str) -> List[str]:
-        """Check names and shapes against the config; return the checkpoint's unused keys."""
+    def check_files(self) -> None:
+        """Every shard opens and is as long as its header says (a truncated file is named)."""
         for filename in sorted(set(self.weight_map.values())):
             self._check_file_size(filename)
+
+    def validate(self, expected: Dict[str, Tuple[int, ...]], config_file: str) -> List[str]:
+        """Check files, names and shapes against the config; return the unused keys."""
+        self.check_files()
         for name, shape in expected.items():
             if name not in self.weight_map:
                 raise HFCheckpointError(f"{self.dir}: tensor '{name}' required by {config_file} "

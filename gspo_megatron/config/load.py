@@ -91,6 +91,7 @@ def load_config(
     """
     cfg = OmegaConf.structured(GSPOConfig)
     OmegaConf.set_struct(cfg, True)
+    _unlock_free_form_mappings(cfg)
     if path is not None:
         for file_path, body in _file_chain(Path(path)):
             cfg = _merge(cfg, body, str(file_path))
@@ -98,6 +99,18 @@ def load_config(
     if validate:
         validate_config(cfg, world_size=world_size)
     return cfg  # type: ignore[return-value]
+
+
+def _unlock_free_form_mappings(node: DictConfig) -> None:
+    """Let ``Dict[str, Any]`` fields (``data.chat_template_kwargs``) take keys the schema cannot
+    know; every dataclass section stays locked."""
+    for key in node:
+        child = node[key]
+        if isinstance(child, DictConfig):
+            if OmegaConf.get_type(child) is dict:
+                OmegaConf.set_struct(child, False)
+            else:
+                _unlock_free_form_mappings(child)
 
 
 def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:

@@ -9,7 +9,7 @@ merged onto it, so an unknown key or a value of the wrong type is rejected at lo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 
 @dataclass
@@ -364,6 +364,9 @@ class DataConfig:
     prompt_key: str = "prompt"
     """Column with a prompt string or a list of chat messages."""
     answer_key: str = "answer"
+    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Extra variables of the tokenizer's chat template, e.g. ``{enable_thinking: false}`` for
+    Qwen3's non-thinking mode (the template then ends the prompt with an empty think block)."""
     max_prompt_tokens: int = 512
     """Longer prompts are skipped and counted."""
     shuffle: bool = True

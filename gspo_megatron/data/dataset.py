@@ -3,8 +3,10 @@
 Each row holds a prompt under ``DataConfig.prompt_key`` — a string, or chat messages (a list of
 ``{"role", "content"}``) — the reference answer under ``DataConfig.answer_key``, and optionally
 ``id`` and ``metadata``; any other column is kept in the record's metadata. When the tokenizer
-has a chat template the prompt is rendered with it (a string becomes one user message) and the
-generation prompt is appended; otherwise the raw string is tokenised as is.
+has a chat template the prompt is rendered with it (a string becomes one user message, and
+``DataConfig.chat_template_kwargs`` are the template's extra variables, e.g. Qwen3's
+``enable_thinking``) and the generation prompt is appended; otherwise the raw string is tokenised
+as is.
 
 Robustness rules: a malformed row (bad JSON, missing key, wrong type, duplicate id) is logged
 with its ``file:line`` and skipped; if more than ``max_bad_row_fraction`` of the rows are bad the
@@ -20,7 +22,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from gspo_megatron.data.readers import iter_raw_rows
 from gspo_megatron.data.records import BadRow, DataLoadError, LoadStats, PromptRecord
@@ -106,11 +108,14 @@ def _id_field(row: Mapping[str, Any], location: str, path: Path) -> str:
     return str(value)
 
 
-def render_prompt(prompt: Union[str, List[Dict[str, str]]], tokenizer) -> str:
-    """The text the model is given: chat template (with generation prompt) or the raw string."""
+def render_prompt(prompt: Union[str, List[Dict[str, str]]], tokenizer,
+                  template_kwargs: Optional[Mapping[str, Any]] = None) -> str:
+    """The text the model is given: chat template (with generation prompt, and
+    ``template_kwargs`` as the template's extra variables) or the raw string."""
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             **dict(template_kwargs or {}))
     if not isinstance(prompt, str):
         raise _RowError("chat messages need a tokenizer with a chat template")
     return prompt
@@ -144,7 +149,7 @@ def _parse_row(row: Mapping[str, Any], location: str, path: Path, cfg,
     answer = _answer_field(row, cfg.answer_key)
     metadata = _metadata_field(row, (cfg.prompt_key, cfg.answer_key, ID_KEY, METADATA_KEY))
     prompt_id = _id_field(row, location, path)
-    text = render_prompt(prompt, tokenizer)
+    text = render_prompt(prompt, tokenizer, cfg.chat_template_kwargs)
     return PromptRecord(prompt_id=prompt_id, prompt_token_ids=tuple(tokenize_prompt(text, tokenizer)),
                         prompt_text=text, answer=answer, metadata=metadata)
 

@@ -1,6 +1,6 @@
 """Reward functions (registered by name or given as ``module:function``) and a parallel runner."""
 
-from gspo_megatron.rewards import builtin  # noqa: F401  (registers the built-in rewards)
+from gspo_megatron.rewards import builtin, chat  # noqa: F401  (register the built-in rewards)
 from gspo_megatron.rewards.registry import (
     RewardFn,
     RewardLookupError,

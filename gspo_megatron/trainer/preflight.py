@@ -6,9 +6,12 @@ themselves is checked here, at start-up, so that a wrong path fails in a second 
 the file named, instead of minutes later inside transformers or Megatron:
 
 * ``model.hf_path``: a directory with a readable ``config.json`` and a tokenizer;
+* the tokenizer (``load_tokenizer``): it loads, and has no more tokens than config.json's
+  ``vocab_size``;
 * the initial weights: ``checkpoint.load_dir`` must be a complete gspo-megatron checkpoint;
   otherwise the safetensors in ``model.hf_path`` must be complete (no truncated shard) and match
-  ``config.json`` tensor by tensor (the converter's own check, ``checkpoint/hf_io.py``);
+  ``config.json`` key by key and tensor by tensor (the converter's own check,
+  ``checkpoint/hf_checks.py``);
 * ``data.train_path`` / ``data.eval_path``: existing files (their rows are checked on load), and
   enough usable prompts in the first to fill a step.
 
@@ -23,8 +26,9 @@ import logging
 from pathlib import Path
 
 from gspo_megatron.checkpoint.convert import model_config_for_hf_dir
-from gspo_megatron.checkpoint.hf_io import HFCheckpointError, HFCheckpointReader
-from gspo_megatron.checkpoint.mapping import MappingError, expected_hf_shapes
+from gspo_megatron.checkpoint.hf_checks import check_tokenizer_fits, open_validated
+from gspo_megatron.checkpoint.hf_io import HFCheckpointError
+from gspo_megatron.checkpoint.mapping import MappingError
 from gspo_megatron.config.validate import ConfigError
 from gspo_megatron.data.records import DataLoadError
 from gspo_megatron.learner.checkpoint_files import CheckpointError, require_complete
@@ -68,8 +72,7 @@ def check_hf_weights(cfg) -> None:
     and its loader's own error is a size-mismatch traceback without the path."""
     model = model_config_for_hf_dir(cfg.model.hf_path, cfg.model)  # the sizes of config.json
     try:
-        reader = HFCheckpointReader(cfg.model.hf_path)
-        reader.validate(expected_hf_shapes(model), str(Path(cfg.model.hf_path) / "config.json"))
+        open_validated(cfg.model.hf_path, model)
     except (HFCheckpointError, MappingError) as exc:
         raise ConfigError(f"model.hf_path: {exc}") from None
 
@@ -111,7 +114,15 @@ def load_tokenizer(hf_path: str):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(hf_path)
+        tokenizer = AutoTokenizer.from_pretrained(hf_path)
     except (OSError, ValueError, TypeError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"model.hf_path: cannot load the tokenizer from {hf_path}: {first}") from None
+    tokenizer_file = next((Path(hf_path) / n for n in TOKENIZER_FILES
+                           if (Path(hf_path) / n).is_file()), Path(hf_path))
+    try:
+        check_tokenizer_fits(len(tokenizer), model_config_for_hf_dir(hf_path).vocab_size,
+                             tokenizer_file, Path(hf_path) / "config.json")
+    except HFCheckpointError as exc:
+        raise ConfigError(f"model.hf_path: {exc}") from None
+    return tokenizer

@@ -220,7 +220,7 @@ CASES: List[BadInput] = [
              "model_type 'llama' is not supported",
              setup=_copy_model(_edit_config(model_type="llama"))),
     BadInput("config.json sizes do not match the weights", "train", _train(f"model.hf_path={M}"),
-             "but {d}/model/config.json implies",
+             "{d}/model/config.json: 'hidden_size' is 96 but the checkpoint's tensors hold 64",
              setup=_copy_model(_edit_config(hidden_size=96))),
     BadInput("truncated safetensors", "train", _train(f"model.hf_path={M}"),
              "model.hf_path: {d}/model/model.safetensors: cannot read safetensors file",
