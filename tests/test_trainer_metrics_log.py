@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
+import threading
 import types
 from dataclasses import dataclass
 
@@ -75,6 +77,7 @@ def fake_wandb(monkeypatch):
         return runs[-1]
 
     module.init = init
+    module.teardown = lambda: setattr(runs[-1], "torn_down", True)
     monkeypatch.setitem(sys.modules, "wandb", module)
     monkeypatch.setenv("WANDB_DIR", "unused")
     monkeypatch.setenv("WANDB_CACHE_DIR", "unused")
@@ -97,6 +100,7 @@ def test_wandb_run_continues_when_nothing_was_logged_past_the_checkpoint(tmp_pat
     for step in (0, 1, 2):
         first.log(step, {"reward/mean": 0.1})
     first.close()  # e.g. preempted right after the checkpoint of step 2
+    assert fake_wandb[0].finished and fake_wandb[0].torn_down  # wandb's service ends with the run
     second = MetricsLogger(tmp_path, Wandb())
     second.start(resumed_step=2)
     assert fake_wandb[1].kwargs["id"] == fake_wandb[0].kwargs["id"]
@@ -132,8 +136,13 @@ def test_real_wandb_offline_continues_the_same_run_id(tmp_path, monkeypatch):
     second.start(resumed_step=0)
     second.log(1, {"reward/mean": 0.2})
     second.close()
+    # close() ended wandb's service: its asyncio thread is gone (issue 41: it ran on beside
+    # every later test of the suite)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("wandb")]
     runs = sorted(p.name for p in (tmp_path / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and all(name.endswith(f"-{run_id}") for name in runs)
+    # offline-run-<second>-<id>; wandb adds "-1" when both runs start within the same second
+    assert len(runs) == 2 and all(re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{run_id}(-\d+)?", name)
+                                  for name in runs), runs
 
 
 def test_a_grid_point_joins_its_grid_group_in_wandb(tmp_path, fake_wandb):

@@ -130,6 +130,13 @@ class MetricsLogger:
             self._wandb_run.log(metrics, step=step)
 
     def close(self) -> None:
+        """Finish the wandb run and end wandb's service with it: ``finish`` leaves the SDK's
+        asyncio thread and its service process running for the next ``init`` until
+        ``wandb.teardown()`` (atexit otherwise), and a process that trains twice (a notebook,
+        the tests) would keep them, running beside everything after."""
         if self._wandb_run is not None:
+            import wandb
+
             self._wandb_run.finish()
             self._wandb_run = None
+            wandb.teardown()

@@ -37,13 +37,14 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
 from gspo_megatron.rollout.sglang import api
 from gspo_megatron.rollout.sglang.server_keys import ServerKeys, read_keys
 from gspo_megatron.rollout.embedded.engine import EmbeddedEngine, GeneratedRow
 from gspo_megatron.rollout.routed_experts import encode_sglang
+from gspo_megatron.rollout.standin.http_server import ClosingHTTPServer
 from gspo_megatron.rollout.standin.memory_ledger import LEDGER_ENV, MemoryLedger, OutOfMemory, ServerMemory
 from gspo_megatron.rollout.standin.request_validation import ContractError, RequestError, parse_generate
 from gspo_megatron.rollout.standin.scheduler import Job, ReferenceScheduler, Refused
@@ -116,8 +117,9 @@ class ReferenceServer:
         """Also append ``{"method", "path"}`` lines here (tests of server processes)."""
         self._num_generate = 0
         self._counter_lock = threading.Lock()
-        self.httpd = ThreadingHTTPServer((host, port), self._handler_class())
-        self.httpd.daemon_threads = True
+        self.httpd = ClosingHTTPServer((host, port), self._handler_class())
+        self._stopping = threading.Event()
+        """Set by ``stop()``: ends injected hangs, so a stopped server leaves no thread behind."""
         self._thread: Optional[threading.Thread] = None
 
     @property
@@ -137,9 +139,11 @@ class ReferenceServer:
         self.httpd.serve_forever()
 
     def stop(self) -> None:
+        self._stopping.set()
         self.httpd.shutdown()
         self.httpd.server_close()
         self.scheduler.stop()
+        self.httpd.close_connections()
         if self._thread is not None:
             self._thread.join(timeout=10)
 
@@ -153,9 +157,9 @@ class ReferenceServer:
             log.warning("fault injection: exiting on /generate request %d", ordinal)
             os._exit(17)
         if ordinal in f.hang_requests:
-            time.sleep(f.hang_s)
+            self._stopping.wait(f.hang_s)
         if f.delay_s:
-            time.sleep(f.delay_s)
+            self._stopping.wait(f.delay_s)
         if ordinal in f.fail_requests:
             return _error(f"injected failure on request {ordinal}", 500)
         return None
