@@ -33,6 +33,19 @@ START_TIMEOUT_S = 240.0
 SHM_PATTERN = "/dev/shm/sglang_loads_*"
 
 
+def listening_pids(port: int) -> List[int]:
+    """PIDs of the processes listening on TCP ``port`` of this machine, however they were
+    started (``-m sglang.launch_server``, the keyed launcher run by path, the stand-in): a
+    server that was not stopped still holds its port. Issue 41: a check by command-line name
+    (``sglang.launch_server``) stopped finding servers once they started through the keyed
+    launcher, and so could never fail."""
+    import psutil
+
+    return sorted({c.pid for c in psutil.net_connections(kind="tcp")
+                   if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                   and c.pid is not None})
+
+
 def cpu_server_config(port: int, **overrides) -> SGLangConfig:
     """The fleet config of one real CPU server on ``port`` (what a user would write)."""
     return SGLangConfig(port=port, device="cpu", python=SGLANG_PYTHON, max_total_tokens=4096,

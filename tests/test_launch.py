@@ -62,6 +62,17 @@ def test_relative_paths_are_under_the_repository_and_user_mounts_replace_ours():
         parse_user_mounts("relative/path")
 
 
+def test_a_custom_key_file_is_mounted_with_its_folder():
+    """Issue 41: servers and learners read ``rollout.sglang.key_file`` inside the container."""
+    cfg = load_config(PROD, ["logging.run_dir=/scratch/runs/r1",
+                             "rollout.sglang.key_file=/secure/job9/keys.json"])
+    mounts = container_mounts(cfg, "/src/gspo")
+    assert ("/secure/job9", "rollout.sglang.key_file") in [(m.source, m.origin) for m in mounts]
+    inside = load_config(PROD, ["logging.run_dir=/scratch/runs/r1",
+                                "rollout.sglang.key_file=/scratch/runs/r1/secrets/k.json"])
+    assert "rollout.sglang.key_file" not in [m.origin for m in container_mounts(inside, "/src/gspo")]
+
+
 def job(**kw) -> JobSettings:
     return JobSettings(repo="/src/gspo", config_path=PROD, python="/usr/bin/python3", job_id="9",
                        cpus_per_node=96, **kw)

@@ -9,8 +9,12 @@ command line of the server's processes and not in its log.
 """
 
 import ast
+import json
 import os
+import re
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -25,7 +29,9 @@ from gspo_megatron.rollout.sglang.server_keys import (ADMIN_PATHS, KeyFileError,
                                                new_keys, read_keys, write_keys)
 from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
 from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model
-from tests.real_sglang import SGLANG_PYTHON, RealServer
+from tests.real_sglang import SGLANG_PYTHON, RealServer, listening_pids
+
+REPO = Path(__file__).resolve().parent.parent
 
 PROBED = [("POST", api.GENERATE), ("POST", api.UPDATE_FROM_DISK), ("POST", api.INIT_GROUP),
           ("POST", api.PAUSE)]
@@ -54,6 +60,56 @@ def test_keys_file_is_0600_whatever_the_umask_and_refused_when_others_can_read(t
         read_keys(str(bad))
     with pytest.raises(FileExistsError):  # never overwrites a file
         write_keys(str(bad), keys)
+
+
+def test_a_crash_while_writing_leaves_no_key_file_and_an_empty_one_is_replaced(tmp_path, monkeypatch,
+                                                                               caplog):
+    """Issue 41: the keys appear whole or not at all; an empty or cut-short file (an older
+    writer's crash) does not brick later launches, but a user's malformed file is still refused."""
+    path = tmp_path / "secrets" / "keys.json"
+
+    def crash(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(json, "dump", crash)
+    with pytest.raises(OSError, match="No space"):
+        ensure_keys(str(path))
+    monkeypatch.undo()
+    assert not path.exists()  # never a half-written key file
+    keys = ensure_keys(str(path))
+    assert read_keys(str(path)) == keys
+    for leftover in ("", '{"api_key": "abc'):
+        path.unlink()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(fd, leftover.encode())
+        os.close(fd)
+        with pytest.raises(KeyFileError, match="keys.json"):
+            read_keys(str(path))  # what a server reads: still refused, the launcher repairs
+        caplog.clear()
+        repaired = ensure_keys(str(path))
+        assert repaired.api_key and repaired != keys and read_keys(str(path)) == repaired
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert "holds no keys" in caplog.text
+    path.write_text('{"api_key": "x"}')  # valid JSON without the admin key: the user's, refused
+    with pytest.raises(KeyFileError, match="KeyError"):
+        ensure_keys(str(path))
+    assert sorted(p.name for p in path.parent.iterdir() if not p.name.endswith(".lock")) == ["keys.json"]
+
+
+def test_the_keyed_launcher_names_a_key_file_this_node_does_not_see(tmp_path):
+    """Across nodes without a shared filesystem the file is missing: one line, no traceback."""
+    missing = tmp_path / "not_shared" / "keys.json"
+    proc = subprocess.run([sys.executable, str(REPO / "gspo_megatron/rollout/sglang/keyed_launch.py"),
+                           str(missing), "--port", "1"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert str(missing) in proc.stderr and "share" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _doc_key_recipe() -> str:
+    text = (REPO / "docs" / "cluster.md").read_text()
+    block = re.search(r"<!-- key recipe: begin.*?```bash\n(.*?)```", text, re.S)
+    assert block, "docs/cluster.md lost its key recipe"
+    return block.group(1)
 
 
 def test_each_path_gets_the_key_sglang_wants():
@@ -138,11 +194,20 @@ def test_the_reference_server_enforces_sglangs_levels(tmp_path):
     from gspo_megatron.rollout.embedded.engine import EmbeddedEngine
     from gspo_megatron.rollout.standin.server import ReferenceServer
 
-    keys = ensure_keys(str(tmp_path / "keys.json"))
+    key_file = tmp_path / "run" / "secrets" / "rollout_server_keys.json"
+    keys = ensure_keys(str(key_file))
     server = ReferenceServer(EmbeddedEngine(*build_tiny_policy(seed=0)), keys=keys).start()
     try:
         _check_refusals_and_probes(server.address, keys)
         _check_clients(server.address, keys)
+        # docs/cluster.md's inspection recipe works, and no word of it expands to a key
+        recipe = _doc_key_recipe()
+        assert "$(" not in recipe and "`" not in recipe
+        node, port = server.address.split(":")
+        command = (recipe.replace("RUN/", f"{tmp_path / 'run'}/").replace("NODE", node)
+                   .replace("PORT", port))
+        out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "model_path" in json.loads(out.stdout), out.stderr
     finally:
         server.stop()
 
@@ -161,8 +226,11 @@ def test_the_real_server_takes_only_the_jobs_keys(tmp_path):
         for proc in [root, *root.children(recursive=True)]:
             cmdline = " ".join(proc.cmdline())
             assert keys.api_key not in cmdline and keys.admin_api_key not in cmdline, proc.pid
+        # the leak check of the trainer tests finds a keyed-launched server while it runs
+        assert listening_pids(server.port) == [server.process.pid]
     finally:
         server.stop()
+    assert listening_pids(server.port) == []
     text = server.log_path.read_text()
     assert "Uvicorn running" in text and "'api_key': '<redacted>'" in text
     assert keys.api_key not in text and keys.admin_api_key not in text

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from gspo_megatron.distributed.runtime import free_port
-from tests.real_sglang import SGLANG_PYTHON, RealServer
+from tests.real_sglang import SGLANG_PYTHON, RealServer, listening_pids
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,17 +68,6 @@ def _train(assets, run_dir: Path, *extra: str) -> list:
     return _rows(run_dir)
 
 
-def _server_processes(port: int) -> list:
-    import psutil
-
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmd = proc.info["cmdline"] or []
-        if "sglang.launch_server" in cmd and str(port) in cmd:
-            found.append(proc.pid)
-    return found
-
-
 @pytest.mark.parametrize("overlap", [False, True], ids=["on_policy", "overlap_one_step"])
 def test_twenty_steps_against_the_real_server(assets, tmp_path, overlap):
     port = free_port()
@@ -98,7 +87,7 @@ def test_twenty_steps_against_the_real_server(assets, tmp_path, overlap):
         assert [r["rollout/policy_lag_steps"] for r in rows[2:]] == [1.0] * 19
     logs = list(tmp_path.rglob("server_127.0.0.1_*.log"))
     assert logs and "Load weight end" in logs[0].read_text()  # it was the real SGLang
-    assert _server_processes(port) == []  # the trainer stopped the server it started
+    assert listening_pids(port) == []  # the trainer stopped the server it started
     # the server ran with the job's keys (issue 33): made in the run directory, mode 0600, and
     # in no file the run wrote besides that one (logs, config, metrics, checkpoints)
     key_file = tmp_path / "secrets" / "rollout_server_keys.json"

@@ -1,10 +1,10 @@
 """Container mounts from the paths a resolved config reads and writes.
 
 A pyxis container sees only what is mounted into it. Every path the run touches comes from the
-config (model, data, initial checkpoint, checkpoints, run directory, disk weight-sync folder), so
-the mounts are derived from it rather than listed by hand: each is mounted at the same path
-inside the container, a path already under another mount is dropped, and the user's own
-mounts (``GSPO_CONTAINER_MOUNTS``, pyxis syntax ``SRC[:DST[:FLAGS]]``) are added after them.
+config (model, data, initial checkpoint, checkpoints, run directory, disk weight-sync folder,
+the servers' key file), so the mounts are derived from it rather than listed by hand: each is
+mounted at the same path inside the container, a path already under another mount is dropped,
+and the user's own mounts (``GSPO_CONTAINER_MOUNTS``, pyxis syntax ``SRC[:DST[:FLAGS]]``) are added after them.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ CONFIG_PATHS: Tuple[Tuple[str, bool], ...] = (
     ("checkpoint.load_dir", False),
     ("checkpoint.dir", False),
     ("rollout.weight_sync.disk_dir", False),
+    ("rollout.sglang.key_file", True),
 )
 
 

@@ -32,7 +32,15 @@ import stat  # noqa: E402
 
 
 def _read_keys(path):
-    mode = os.stat(path).st_mode
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        import socket
+
+        sys.exit(f"keyed_launch: key file {path} does not exist on node {socket.gethostname()}: "
+                 "every node of the job reads the keys the first node wrote, so the run directory "
+                 "(or rollout.sglang.key_file) must be on a filesystem all nodes share "
+                 "(docs/cluster.md)")
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         sys.exit(f"keyed_launch: key file {path} has mode {stat.filemode(mode)}; "
                  "others could read it (chmod 600)")

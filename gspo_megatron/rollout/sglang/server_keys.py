@@ -74,12 +74,53 @@ def new_keys() -> ServerKeys:
     return ServerKeys(secrets.token_urlsafe(32), secrets.token_urlsafe(32))
 
 
+def _write_temp(path: str, keys: ServerKeys) -> str:
+    """The keys in a new 0600 file next to ``path``, flushed to disk; returns its name."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    temp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"api_key": keys.api_key, "admin_api_key": keys.admin_api_key}, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        os.unlink(temp)
+        raise
+    return temp
+
+
 def write_keys(path: str, keys: ServerKeys) -> None:
-    """Create ``path`` with mode 0600 (never widened by the umask, never an existing file)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"api_key": keys.api_key, "admin_api_key": keys.admin_api_key}, f)
+    """Create ``path`` with mode 0600, whole or not at all, never over an existing file.
+
+    The keys go to a temporary file first, which is then hard-linked to ``path`` (``link``
+    fails if ``path`` exists, as ``O_EXCL`` did): a crash leaves at most a stray temporary file,
+    never an empty or half-written key file that later launches could not read."""
+    temp = _write_temp(path, keys)
+    try:
+        os.link(temp, path)
+    finally:
+        os.unlink(temp)
+
+
+def _replace_unreadable(path: str) -> None:
+    """Replace a key file that holds no keys (empty or cut short: a crash of a writer older than
+    :func:`write_keys`) with new ones. No server can have started with keys nobody could read,
+    so nothing is lost; one process at a time repairs (``flock``), and each re-checks first."""
+    import fcntl
+
+    with open(f"{path}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            read_keys(path)
+            return  # repaired by another process meanwhile
+        except KeyFileError as exc:
+            if not isinstance(exc.__cause__, ValueError):
+                raise
+        log.warning("rollout server key file %s holds no keys (left by a crash); making new ones",
+                    path)
+        os.replace(_write_temp(path, new_keys()), path)
 
 
 def read_keys(path: str) -> ServerKeys:
@@ -112,6 +153,12 @@ def ensure_keys(path: str) -> ServerKeys:
             log.info("made rollout server keys in %s (mode 0600)", path)
         except FileExistsError:  # another rank or job step made them first
             pass
+    try:
+        return read_keys(path)
+    except KeyFileError as exc:
+        if not isinstance(exc.__cause__, ValueError):  # unreadable by mode or OS: the user's
+            raise
+    _replace_unreadable(path)
     return read_keys(path)
 
 
