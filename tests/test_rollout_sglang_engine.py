@@ -292,3 +292,33 @@ def test_routed_experts_come_with_every_sample_only_from_servers_that_capture_th
             e.shutdown()
         capturing.stop()
         plain.stop()
+
+
+def test_a_worker_wedged_outside_any_network_call_ends_the_batch_within_its_deadline(policy, batch,
+                                                                                     monkeypatch):
+    """Issue 41: the wait for a batch's next sample has a deadline of its own. A worker stuck
+    where no request timeout can fire (here: on a lock nobody releases) ends the batch with one
+    error naming the pending samples and the servers, at the stall deadline, not never."""
+    from gspo_megatron.rollout.sglang import engine as engine_module
+
+    servers = _servers(policy, FaultPlan())
+    eng = SGLangEngine([servers[0].address], request_timeout_s=0.5, max_retries=0)
+    monkeypatch.setattr(engine_module, "HEALTH_PROBE_S", 0.1)
+    assert eng.stall_timeout_s() == pytest.approx(1.2)  # (0 + 2) attempts x (0.5 s + 0.1 s)
+    wedged, release = threading.Event(), threading.Event()
+
+    def stuck(*args):
+        wedged.set()
+        release.wait(30)
+        raise RuntimeError("released")
+
+    monkeypatch.setattr(eng, "_run_sample", stuck)
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(engine_module.RolloutStalled, match=rf"12 pending on \['{servers[0].address}'\]"):
+            list(eng.generate_iter(batch, PARAMS))
+        assert wedged.is_set() and 1.2 <= time.perf_counter() - t0 < 5
+    finally:
+        release.set()
+        for s in servers:
+            s.stop()

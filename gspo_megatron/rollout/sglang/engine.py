@@ -42,6 +42,14 @@ class SampleFailed(RuntimeError):
     """A sample failed on every server it was tried on."""
 
 
+class RolloutStalled(SampleFailed):
+    """No sample of a batch finished within the longest time one sample's attempts may take."""
+
+
+HEALTH_PROBE_S = 5.0
+"""The health probe after a failed attempt (``_on_failure``)."""
+
+
 class ServerSetupError(RuntimeError):
     """A server that is up but was started in a way this run cannot use (checked at attach)."""
 
@@ -295,8 +303,15 @@ class SGLangEngine(RolloutEngine):
     def _on_failure(self, server: ServerState, exc: Exception) -> None:
         with self._count_lock:
             self._num_retries += 1
-        if not server.client.health(timeout_s=5.0):
+        if not server.client.health(timeout_s=HEALTH_PROBE_S):
             self.pool.mark_dead(server, str(exc))
+
+    def stall_timeout_s(self) -> float:
+        """The longest wait for a batch's next sample: each attempt of a sample is bounded by
+        ``request_timeout_s`` and the health probe after it, ``max_retries + 1`` counted attempts
+        and one re-send after a pause. Past it a worker is stuck where none of its own deadlines
+        can fire, and :meth:`generate_iter` raises instead of waiting forever."""
+        return (self.max_retries + 2) * (self.request_timeout_s + HEALTH_PROBE_S)
 
     def generate_iter(self, requests: Sequence[GenerationRequest],
                       params: SamplingParams) -> Iterator[Sample]:
@@ -312,8 +327,15 @@ class SGLangEngine(RolloutEngine):
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout")
         try:
             pending = {pool.submit(self._run_sample, req, idx, params) for req, idx in work}
+            stall_s = self.stall_timeout_s()
             while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                done, pending = wait(pending, timeout=stall_s, return_when=FIRST_COMPLETED)
+                if not done:
+                    raise RolloutStalled(
+                        f"no sample of the batch finished in {stall_s:.0f}s ({len(pending)} pending "
+                        f"on {[s.address for s in self.pool.servers]}): longer than "
+                        f"{self.max_retries + 1} attempts of {self.request_timeout_s:.0f}s each "
+                        "may take (rollout.sglang.request_timeout_s, max_retries)")
                 for fut in done:
                     yield fut.result()  # re-raises SampleFailed
         finally:
