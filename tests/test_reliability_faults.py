@@ -1,36 +1,43 @@
-"""Fault injection, one test per problem of issue 18 (the faults live in tools/reliability/):
-
-1. two jobs in one run directory;      2. a damaged newest checkpoint (shard, common.pt);
-3. a full disk (before and during a checkpoint write, a leftover .partial; gspo-convert onto a
-   full disk, gspo-export running into ENOSPC);
-4. metrics.jsonl after a crash before the first checkpoint and with a torn last line;
-5. no process outlives a SIGKILLed trainer;   7. SIGUSR1 during start-up.
-
-Each runs the tiny trainer as a subprocess (about 10 s a run) and compares a resumed run with an
-uninterrupted one: identical metrics and bit-identical exported weights.
-"""
+"""tools/reliability/: a fault's verdict can fail. Every fault itself runs, and is compared with
+its committed row, in tests/test_reliability_table.py (all 24 of them, two at a time)."""
 
 from __future__ import annotations
 
-import pytest
-
-from tools.reliability import disk_faults, faults
+from tools.reliability import fault_kit
+from tools.reliability.fault_kit import FAULTS, all_faults, fault, first_problem, no_traceback
 from tools.reliability.harness import Workspace
 
-CASES = [faults.two_jobs, faults.damaged_distcp, faults.damaged_common,
-         disk_faults.disk_full_precheck, disk_faults.disk_full_mid_write, disk_faults.leftover_partial,
-         disk_faults.convert_disk_full, disk_faults.export_enospc,
-         faults.sigkill_before_first_checkpoint, faults.torn_metrics, faults.sigkill_orphans,
-         faults.sigusr1_at_start]
+
+def test_a_fault_script_that_breaks_is_a_failed_row_not_a_vanished_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(fault_kit, "FAULTS", list(FAULTS))
+
+    @fault("broken script", "raise inside the fault")
+    def broken(ws, d):
+        raise RuntimeError("boom")
+
+    @fault("unhandled", "the run did the wrong thing")
+    def unhandled(ws, d):
+        return "1", "some line", "rerun exited 1"
+
+    ws = Workspace(tmp_path)
+    row = broken(ws)
+    assert (row.ok, row.exit_codes) == (False, "-") and "fault script failed" in row.verdict
+    assert "boom" in row.verdict
+    row = unhandled(ws)
+    assert (row.ok, row.verdict, row.line) == (False, "rerun exited 1", "some line")
+    assert fault_kit.FAULTS[-2:] == [broken, unhandled]
 
 
-@pytest.fixture(scope="module")
-def ws(tmp_path_factory):
-    return Workspace(tmp_path_factory.mktemp("faults"))
+def test_problems_are_found_in_order_and_tracebacks_in_logs(tmp_path):
+    assert first_problem((True, "a"), (False, "b"), (False, "c")) == "b"
+    assert first_problem((True, "a")) is None
+    (tmp_path / "train.log").write_text("fine\n")
+    assert no_traceback(tmp_path)[0]
+    (tmp_path / "rerun.log").write_text("Traceback (most recent call last):\n  File x\nValueError\n")
+    ok, message = no_traceback(tmp_path)
+    assert not ok and "rerun.log" in message
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("fault", CASES, ids=lambda f: f.__name__)
-def test_fault_is_survived(ws, fault):
-    result = fault(ws)
-    assert result.ok, f"{result.name}: {result.verdict} (exit {result.exit_codes}; {result.line})"
+def test_every_fault_has_a_unique_name():
+    names = [f.name for f in all_faults()]
+    assert len(names) == len(set(names)) >= 20
