@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,23 @@ def test_two_jobs_racing_for_a_stale_lock_have_one_winner(tmp_path):
     for p in procs:
         p.join(timeout=30)
     assert outcomes == ["refused", "refused", "refused", "won"]
+
+
+def test_the_lock_appears_with_its_holder_in_it(tmp_path, monkeypatch):
+    """Issue 41 (a CI flake of the "two jobs" fault): the lock used to be created empty and then
+    written, so a holder stopped in between was refused to the second job as "PID None". It
+    now appears in one step: at the instant it exists it names its holder."""
+    seen = []
+    real_link = os.link
+
+    def link_and_look(src, dst, *args, **kwargs):
+        real_link(src, dst, *args, **kwargs)
+        seen.append(json.loads(Path(dst).read_text()))  # what another job could read right now
+
+    monkeypatch.setattr(os, "link", link_and_look)
+    with RunDirLock(tmp_path):
+        assert seen and seen[0]["pid"] == os.getpid()
+        assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_FILE]  # no private file left
+        with pytest.raises(RunDirLockedError, match=f"in use by PID {os.getpid()} on "):
+            RunDirLock(tmp_path).acquire()
+        assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_FILE]

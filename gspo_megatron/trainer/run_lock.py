@@ -1,14 +1,14 @@
 """One job at a time in a run directory: an exclusive lock file with its holder's identity.
 
 Two jobs writing one run directory interleave ``metrics.jsonl`` and silently replace each
-other's checkpoints and export. :class:`RunDirLock` creates ``<run_dir>/run.lock`` with
-``O_CREAT | O_EXCL`` (atomic, also on NFS v3+ and Lustre, unlike ``flock`` across nodes) holding
-the host, PID, process start time, Slurm job id and start time of its holder. A second job gets
-:class:`RunDirLockedError` naming that holder. A lock is stale, and taken over with a warning,
+other's checkpoints and export. :class:`RunDirLock` creates ``<run_dir>/run.lock`` as an
+exclusive hard link of a file already holding the host, PID, process start time, Slurm job id
+and start time of its holder (atomic, also on NFS v3+ and Lustre, unlike ``flock`` across
+nodes). A second job gets :class:`RunDirLockedError` naming that holder. A lock is stale, and taken over with a warning,
 when its holder is this very Slurm job (a requeued job keeps its id) or ran on this host and
 its process is gone (or the PID now belongs to a process started at another time). A stale lock
 is deleted under a short takeover mutex (only if it still names the stale holder), and the new
-lock is again created with ``O_EXCL``: of several jobs taking it over at once exactly one wins.
+lock is again created exclusively: of several jobs taking it over at once exactly one wins.
 
     with RunDirLock(run_dir):
         ...   # the lock file is removed on exit
@@ -93,12 +93,19 @@ class RunDirLock:
         self.held = False
 
     def _create(self) -> bool:
+        """Create the lock file with its holder already in it: written to a private file first,
+        then hard-linked into place (``link`` fails if the lock exists, as ``O_EXCL`` does), so
+        no other job ever reads it empty. Created empty and then written, a holder stopped in
+        between (``SIGSTOP``, a busy machine) showed as "PID None" to the job it refused."""
+        temp = self.path.with_name(f".{LOCK_FILE}.{os.getpid()}")
+        with open(temp, "w") as f:
+            json.dump(self.identity, f)
         try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            os.link(temp, self.path)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.identity, f)
+        finally:
+            temp.unlink()
         return True
 
     def _read_holder(self) -> Dict[str, Any]:
