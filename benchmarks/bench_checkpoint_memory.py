@@ -27,6 +27,7 @@ import argparse
 import datetime
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -136,8 +137,10 @@ def same_checkpoint(source: Path, exported: Path) -> Tuple[bool, bool]:
         print(f"  tensor names differ: {sorted(set(a) ^ set(b))[:5]}")
         return False, False
     for name in sorted(a):
-        with safe_open(str(source / a[name]), "pt") as fa, safe_open(str(exported / b[name]), "pt") as fb:
-            x, y = fa.get_tensor(name), fb.get_tensor(name)
+        with safe_open(str(source / a[name]), "pt") as fa:
+            x = fa.get_tensor(name)
+        with safe_open(str(exported / b[name]), "pt") as fb:
+            y = fb.get_tensor(name)
         if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(
                 x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)):
             print(f"  tensor {name} differs")
@@ -222,11 +225,11 @@ def _git_commit(repo: Path) -> str:
 
 def section(rows: List[Row], opts, conditions: Dict[str, str]) -> str:
     begin, end = markers(opts.geometry)
-    lines = [begin, "", "```bash", " ".join(["python benchmarks/bench_checkpoint_memory.py",
-                                                   *opts.argv]), "```", "",
+    lines = [begin, "", "```bash", shlex.join(["python", "benchmarks/bench_checkpoint_memory.py",
+                                                *opts.argv]), "```", "",
              "Conditions: " + "; ".join(f"{k} {v}" for k, v in conditions.items()) + ".", "",
              "| code | layout | tool | checkpoint GiB | peak owned GiB | ratio | wall s | "
-             "tensors bit-exact | json + tokenizer identical |", "|---|---|---|---|---|---|---|---|---|"]
+             "tensors bit-exact | json + tokenizer identical |", "|---" * 9 + "|"]
     word = {True: "yes", False: "**no**", None: "-"}
     for r in rows:
         lines.append(f"| {r.code} | {r.layout} | {r.tool} | {r.ckpt_gib:.2f} | "

@@ -31,7 +31,8 @@ def test_a_mapped_file_is_not_owned(tmp_path):
     data.write_bytes(b"\1" * (150 * MB))
     read_mapped = ("import mmap, time; f = open({p!r}, 'rb'); "
                    "m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ); "
-                   "s = sum(m[i] for i in range(0, len(m), 4096)); time.sleep(1.0)").format(p=str(data))
+                   "s = sum(m[i] for i in range(0, len(m), 4096)); "
+                   "time.sleep(1.0)").format(p=str(data))
     run = run_measured([sys.executable, "-c", read_mapped])
     assert run.returncode == 0 and run.peak_bytes < 60 * MB
 

@@ -91,8 +91,8 @@ def test_planned_writer_takes_tensors_in_any_order_into_safetensors_files(tmp_pa
 
 
 def test_planned_writer_refuses_what_was_not_planned_and_names_what_never_came(tmp_path):
-    writer = PlannedShardWriter(tmp_path, [("a", (2, 2), torch.float32), ("b", (3,), torch.float32)],
-                                max_shard_bytes=10**6)
+    plan = [("a", (2, 2), torch.float32), ("b", (3,), torch.float32)]
+    writer = PlannedShardWriter(tmp_path, plan, max_shard_bytes=10**6)
     with pytest.raises(ValueError, match="'c' is not one of the 2 planned"):
         writer.add("c", torch.zeros(1))
     with pytest.raises(ValueError, match=r"'a': \[2, 3\] torch.float32, planned \[2, 2\]"):

@@ -138,12 +138,15 @@ def test_each_ranks_slice_read_from_its_part_equals_the_cut_full_tensor(size):
                       num_query_groups=4, head_dim=2, vocab_size=10, num_experts=2,
                       moe_ffn_hidden_size=12)
     generator = torch.Generator().manual_seed(0)
-    hf = {n: torch.randn(s, generator=generator) for n, s in mapping.expected_hf_shapes(cfg).items()}
+    hf = {n: torch.randn(s, generator=generator)
+          for n, s in mapping.expected_hf_shapes(cfg).items()}
     reader, padded = DictReader(hf), 16  # 4 rows per rank at size 4: the last rank is all padding
     for name in mapping.canonical_names(cfg):
         spec = mapping.shard_spec(name)
-        full = mapping.hf_to_megatron(name, [hf[n] for n in mapping.hf_names(name, cfg)], cfg, padded)
-        parts = [mapping.local_from_hf(name, reader, cfg, spec, r, size, padded) for r in range(size)]
+        sources = [hf[n] for n in mapping.hf_names(name, cfg)]
+        full = mapping.hf_to_megatron(name, sources, cfg, padded)
+        parts = [mapping.local_from_hf(name, reader, cfg, spec, r, size, padded)
+                 for r in range(size)]
         assert all(torch.equal(p, _cut(full, spec, r, size)) for r, p in enumerate(parts)), name
         assert torch.equal(mapping.unshard(parts, spec) if spec.dim is not None else parts[0], full)
 

@@ -29,7 +29,8 @@ MEDIUM = {"hidden_size": 1024, "intermediate_size": 3072, "num_attention_heads":
           "num_key_value_heads": 4, "head_dim": 128, "num_experts": 32, "num_experts_per_tok": 4,
           "moe_intermediate_size": 512, "num_hidden_layers": 2, "max_window_layers": 2,
           "vocab_size": 32768}
-"""0.32 GiB in bf16: two 64 MiB vocabulary matrices, 2 x 96 MiB of experts, 2 x 6 MiB of attention."""
+"""0.32 GiB in bf16: two 64 MiB vocabulary matrices, 2 x 96 MiB of experts, 2 x 6 MiB of
+attention."""
 BOUND = {"convert": 1.5, "export": 2.0}
 """Owned peak above the tools' own floor (0.59 GiB), in checkpoints. Measured here (2 shared
 cores): convert 1.04x, export 1.51x (its transient is one gather bucket on rank 0: at this size
@@ -46,8 +47,8 @@ def _peak(tool: str, args, tmp_path: Path) -> float:
 
 
 def _round_trip(hf_dir: Path, work: Path, tmp_path: Path):
-    convert = _peak("convert_hf_to_megatron", ["--hf-dir", str(hf_dir), "--out", str(work / "ckpt")],
-                    tmp_path)
+    convert = _peak("convert_hf_to_megatron",
+                    ["--hf-dir", str(hf_dir), "--out", str(work / "ckpt")], tmp_path)
     export = _peak("export_megatron_to_hf", ["--ckpt", str(work / "ckpt"), "--out",
                                              str(work / "hf")], tmp_path)
     return convert, export
@@ -66,7 +67,8 @@ def _tensors(hf_dir: Path):
 def test_convert_and_export_hold_the_model_once(tmp_path):
     floor = _round_trip(write_tiny(tmp_path / "tiny_hf"), tmp_path / "tiny", tmp_path)
     hf_dir = write_tiny(tmp_path / "medium_hf", max_shard_bytes=10**8, **MEDIUM)
-    size = json.loads((hf_dir / "model.safetensors.index.json").read_text())["metadata"]["total_size"]
+    index = json.loads((hf_dir / "model.safetensors.index.json").read_text())
+    size = index["metadata"]["total_size"]
     assert 0.3 * 2**30 < size < 0.35 * 2**30
     peaks = _round_trip(hf_dir, tmp_path / "medium", tmp_path)
     ratios = {tool: (peak - base) / size
@@ -76,4 +78,5 @@ def test_convert_and_export_hold_the_model_once(tmp_path):
     source, back = _tensors(hf_dir), _tensors(tmp_path / "medium" / "hf")
     assert source.keys() == back.keys()
     assert all(torch.equal(source[n].view(torch.int16), back[n].view(torch.int16)) for n in source)
-    assert (hf_dir / "config.json").read_bytes() == (tmp_path / "medium" / "hf" / "config.json").read_bytes()
+    exported = tmp_path / "medium" / "hf" / "config.json"
+    assert (hf_dir / "config.json").read_bytes() == exported.read_bytes()

@@ -183,7 +183,8 @@ def _dense_buckets(units: List[LocalUnit], cfg: ModelConfig, layout: Layout,
     tp_size = max(u.tp_size for u in units) if units else 1
     for bucket in _buckets(units, bucket_bytes, lambda u: u.tp_size):
         sharded = [u for u in bucket if u.tp_size > 1]
-        parts = _gather_flat([u.tensor for u in sharded], _groups(False), tp_size) if sharded else []
+        parts = (_gather_flat([u.tensor for u in sharded], _groups(False), tp_size)
+                 if sharded else [])
         if not layout.is_leader:
             continue
         position = {id(u): i for i, u in enumerate(sharded)}

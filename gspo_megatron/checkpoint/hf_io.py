@@ -220,7 +220,8 @@ class PlannedShardWriter:
     safetensors itself does).
     """
 
-    def __init__(self, out_dir: str | Path, tensors: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]],
+    def __init__(self, out_dir: str | Path,
+                 tensors: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]],
                  max_shard_bytes: int) -> None:
         if max_shard_bytes <= 0:
             raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
@@ -236,7 +237,8 @@ class PlannedShardWriter:
             shards[-1].append((name, tuple(shape), dtype, nbytes))
             size += nbytes
         self._place: Dict[str, Tuple[str, int, Tuple[int, ...], torch.dtype]] = {}
-        self.files = [self._create(i, len(shards), shard) for i, shard in enumerate(shards) if shard]
+        self.files = [self._create(i, len(shards), shard)
+                      for i, shard in enumerate(shards) if shard]
         self._fds: Dict[str, int] = {}
         self._written: set = set()
         self.total_bytes = sum(n for shard in shards for *_, n in shard)

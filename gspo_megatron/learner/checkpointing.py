@@ -114,7 +114,8 @@ def _tile(parts, data: torch.Tensor) -> bool:
         return False
     offset = data.data_ptr()
     for part in parts:
-        if part.data_ptr() != offset or part.shape[1:] != data.shape[1:] or part.dtype != data.dtype:
+        if (part.data_ptr() != offset or part.shape[1:] != data.shape[1:]
+                or part.dtype != data.dtype):
             return False
         offset += part.numel() * part.element_size()
     return offset == data.data_ptr() + data.numel() * data.element_size()

@@ -32,7 +32,8 @@ from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
 
 
-def _one_at_a_time(tensor_data: List[Tuple[object, torch.Tensor]]) -> Iterator[Tuple[object, torch.Tensor]]:
+def _one_at_a_time(tensor_data: List[Tuple[object, torch.Tensor]]
+                   ) -> Iterator[Tuple[object, torch.Tensor]]:
     """Each ``(item, tensor)`` as a host tensor that owns exactly its storage, made when asked."""
     for item, tensor in tensor_data:
         tensor = tensor.detach()
@@ -90,7 +91,8 @@ class StreamingFileSystemWriter(filesystem_async.FileSystemWriterAsync):
 
 
 class StreamingSaveStrategy(torch_strategy.TorchDistSaveShardedStrategy):
-    """Megatron's ``torch_dist`` save strategy (same format) with :class:`StreamingFileSystemWriter`."""
+    """Megatron's ``torch_dist`` save strategy (same format), writing through
+    :class:`StreamingFileSystemWriter`."""
 
     def __init__(self) -> None:
         super().__init__("torch_dist", 1)
