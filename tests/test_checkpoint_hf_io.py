@@ -1,6 +1,8 @@
 """Safetensors streaming: the shard writer respects its byte budget, names shards and writes an
 index that the reader reads back tensor by tensor; views of shared storage are written safely;
-a directory without weights and a broken index are named in the error."""
+the planned writer lays shards out first and takes tensors in any order into files safetensors
+itself reads; the reader reads slices; a directory without weights and a broken index are named
+in the error."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import pytest
 import torch
 
 from gspo_megatron.checkpoint.hf_io import (HFCheckpointError, HFCheckpointReader,
-                                            SafetensorsShardWriter, copy_hf_assets)
+                                            PlannedShardWriter, SafetensorsShardWriter,
+                                            copy_hf_assets)
 
 
 def test_writer_shards_by_budget_and_reader_streams_back(tmp_path):
@@ -59,3 +62,43 @@ def test_single_file_checkpoint_and_asset_copy(tmp_path):
     dst.mkdir()
     assert copy_hf_assets(src, dst) == ["tokenizer.json"]
     assert copy_hf_assets(None, dst) == []
+
+
+def test_planned_writer_takes_tensors_in_any_order_into_safetensors_files(tmp_path):
+    from safetensors.torch import load_file
+
+    tensors = {f"w{i}": torch.randn(16, 16).to(torch.bfloat16) for i in range(5)}  # 512 B each
+    tensors["odd"] = torch.arange(7, dtype=torch.bfloat16)  # 14 B: later offsets not 8-aligned
+    fused = torch.randn(8, 16, dtype=torch.bfloat16)
+    tensors["gate"], tensors["up"] = fused.chunk(2)  # views of one storage
+    tensors["t"] = torch.randn(16, 4, dtype=torch.bfloat16).t()  # not contiguous
+    plan = [(n, tuple(t.shape), t.dtype) for n, t in tensors.items()]
+    writer = PlannedShardWriter(tmp_path, plan, max_shard_bytes=1100)
+    assert writer.files == [f"model-{i:05d}-of-00003.safetensors" for i in (1, 2, 3)]
+    for name in reversed(list(tensors)):
+        writer.add(name, tensors[name])
+    assert writer.finish() == writer.files
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert index["metadata"]["total_size"] == 5 * 512 + 14 + 2 * 128 + 128
+    assert index["weight_map"]["w0"] == index["weight_map"]["w1"] == writer.files[0]
+    loaded = {}
+    for f in writer.files:
+        loaded.update(load_file(str(tmp_path / f)))
+    assert loaded.keys() == tensors.keys()
+    assert all(torch.equal(loaded[n], t) for n, t in tensors.items())
+    reader = HFCheckpointReader(tmp_path)
+    assert torch.equal(reader.get_slice("w3", (slice(None), slice(4, 8))), tensors["w3"][:, 4:8])
+
+
+def test_planned_writer_refuses_what_was_not_planned_and_names_what_never_came(tmp_path):
+    plan = [("a", (2, 2), torch.float32), ("b", (3,), torch.float32)]
+    writer = PlannedShardWriter(tmp_path, plan, max_shard_bytes=10**6)
+    with pytest.raises(ValueError, match="'c' is not one of the 2 planned"):
+        writer.add("c", torch.zeros(1))
+    with pytest.raises(ValueError, match=r"'a': \[2, 3\] torch.float32, planned \[2, 2\]"):
+        writer.add("a", torch.zeros(2, 3))
+    writer.add("a", torch.zeros(2, 2))
+    with pytest.raises(ValueError, match="'a' written twice"):
+        writer.add("a", torch.zeros(2, 2))
+    with pytest.raises(ValueError, match=r"1 planned tensors never came, e.g. \['b'\]"):
+        writer.finish()

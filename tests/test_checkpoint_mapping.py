@@ -1,6 +1,7 @@
 """The HF <-> Megatron mapping without Megatron: canonical names for Transformer Engine and local
 specs and all three expert layouts, GQA-grouped QKV fusion, gate/up TP slicing, vocab padding,
-tied embeddings, and clear errors for unknown names."""
+tied embeddings, each rank's slice read from only its part of the HF tensors (equal to cutting
+the full tensor, for every parameter and TP size), and clear errors for unknown names."""
 
 from __future__ import annotations
 
@@ -13,6 +14,32 @@ from gspo_megatron.config.schema import ModelConfig
 CFG = ModelConfig(arch="qwen3_moe", num_layers=2, hidden_size=8, num_attention_heads=4,
                   num_query_groups=2, head_dim=2, vocab_size=10, num_experts=4,
                   moe_ffn_hidden_size=6)
+
+
+class DictReader:
+    """HF tensors from a dict, read the way ``hf_io.HFCheckpointReader`` reads them."""
+
+    def __init__(self, tensors):
+        self.tensors = tensors
+
+    def get(self, name):
+        return self.tensors[name].clone()
+
+    def shape(self, name):
+        return tuple(self.tensors[name].shape)
+
+    def get_slice(self, name, index):
+        return self.tensors[name][index].clone()
+
+
+def _cut(full, spec, rank, size):
+    """The reference split: the full canonical tensor cut into ``size`` parts along the spec."""
+    if spec.dim is None or size == 1:
+        return full
+    if spec.glu:
+        gate, up = full.chunk(2)
+        return torch.cat([gate.chunk(size)[rank], up.chunk(size)[rank]])
+    return full.chunk(size, dim=spec.dim)[rank]
 
 
 def _offset(i: int) -> int:
@@ -59,9 +86,13 @@ def test_qkv_fusion_follows_gqa_groups():
     assert torch.equal(qkv[3 * hd: 4 * hd], v[:hd])
     assert torch.equal(qkv[4 * hd: 6 * hd], q[2 * hd:])
     assert all(torch.equal(a, b) for a, b in zip(mapping.split_qkv(qkv, CFG), (q, k, v)))
-    # a TP=2 slice of the fused tensor is exactly one query group
-    assert torch.equal(mapping.shard_for_rank(qkv, mapping.shard_spec(
-        "decoder.layers.0.self_attention.linear_qkv.weight"), 1, 2), qkv[4 * hd:])
+    # a TP=2 slice of the fused tensor is exactly one query group, read from its rows of q, k, v
+    name = "decoder.layers.0.self_attention.linear_qkv.weight"
+    reader = DictReader({"model.layers.0.self_attn.q_proj.weight": q,
+                         "model.layers.0.self_attn.k_proj.weight": k,
+                         "model.layers.0.self_attn.v_proj.weight": v})
+    assert torch.equal(mapping.local_from_hf(name, reader, CFG, mapping.shard_spec(name), 1, 2, 0),
+                       qkv[4 * hd:])
 
 
 def test_gate_up_slices_and_unshard_round_trip():
@@ -70,7 +101,9 @@ def test_gate_up_slices_and_unshard_round_trip():
     assert spec.glu and spec.expert and spec.dim == 0
     gate, up = torch.randn(6, 8), torch.randn(6, 8)
     full = mapping.hf_to_megatron(name, [gate, up], CFG, padded_vocab=0)
-    parts = [mapping.shard_for_rank(full, spec, r, 2) for r in range(2)]
+    reader = DictReader({"model.layers.0.mlp.experts.3.gate_proj.weight": gate,
+                         "model.layers.0.mlp.experts.3.up_proj.weight": up})
+    parts = [mapping.local_from_hf(name, reader, CFG, spec, r, 2, 0) for r in range(2)]
     assert torch.equal(parts[1], torch.cat([gate[3:], up[3:]]))
     assert torch.equal(mapping.unshard(parts, spec), full)
     pairs = mapping.megatron_to_hf(name, full, CFG)
@@ -97,3 +130,37 @@ def test_vocab_padding_and_tied_embeddings():
 def test_canonical_names_cover_every_hf_tensor_once():
     hf = [n for name in mapping.canonical_names(CFG) for n in mapping.hf_names(name, CFG)]
     assert len(hf) == len(set(hf)) and set(hf) == set(mapping.expected_hf_shapes(CFG))
+
+
+@pytest.mark.parametrize("size", [1, 2, 4])
+def test_each_ranks_slice_read_from_its_part_equals_the_cut_full_tensor(size):
+    cfg = ModelConfig(arch="qwen3_moe", num_layers=1, hidden_size=8, num_attention_heads=8,
+                      num_query_groups=4, head_dim=2, vocab_size=10, num_experts=2,
+                      moe_ffn_hidden_size=12)
+    generator = torch.Generator().manual_seed(0)
+    hf = {n: torch.randn(s, generator=generator)
+          for n, s in mapping.expected_hf_shapes(cfg).items()}
+    reader, padded = DictReader(hf), 16  # 4 rows per rank at size 4: the last rank is all padding
+    for name in mapping.canonical_names(cfg):
+        spec = mapping.shard_spec(name)
+        sources = [hf[n] for n in mapping.hf_names(name, cfg)]
+        full = mapping.hf_to_megatron(name, sources, cfg, padded)
+        parts = [mapping.local_from_hf(name, reader, cfg, spec, r, size, padded)
+                 for r in range(size)]
+        assert all(torch.equal(p, _cut(full, spec, r, size)) for r, p in enumerate(parts)), name
+        assert torch.equal(mapping.unshard(parts, spec) if spec.dim is not None else parts[0], full)
+
+
+def test_unshard_of_parts_back_to_back_in_one_buffer_is_a_view():
+    buffer = torch.arange(24.0)
+    parts = list(buffer.view(6, 4).chunk(3))
+    full = mapping.unshard(parts, mapping.ShardSpec(dim=0))
+    assert torch.equal(full, buffer.view(6, 4)) and full.data_ptr() == buffer.data_ptr()
+    apart = [torch.ones(2, 4), torch.zeros(2, 4)]  # separate storages: concatenated
+    assert torch.equal(mapping.unshard(apart, mapping.ShardSpec(dim=0)), torch.cat(apart))
+
+
+def test_a_split_that_is_not_even_is_refused():
+    name = "decoder.layers.0.self_attention.linear_qkv.weight"
+    with pytest.raises(mapping.MappingError, match="2 does not split into 4 equal parts"):
+        mapping.local_from_hf(name, DictReader({}), CFG, mapping.shard_spec(name), 0, 4, 0)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import queue
 from collections import namedtuple
 
 import pytest
@@ -38,9 +37,14 @@ def _state():
     return {"w": ShardedTensor.from_rank_offsets("w", weight, replica_id=0), "step": 3}
 
 
-def test_complete_checkpoint_with_manifest_and_no_helper_process(gloo, tmp_path):
+def test_complete_checkpoint_with_manifest_and_no_helper_process(gloo, tmp_path, monkeypatch):
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
+    def forks_writers(*args, **kwargs):
+        raise AssertionError("Megatron's forked writer processes were used")
+
+    monkeypatch.setattr(filesystem_async.FileSystemWriterAsync, "write_preloaded_data_multiproc",
+                        staticmethod(forks_writers))
     out = tmp_path / "step_000003"
     expected = checkpoint_write._state_nbytes(_state())
     assert expected == 1_000_000 + checkpoint_write.PER_TENSOR_BYTES + len("w") + checkpoint_write.FIXED_BYTES
@@ -49,8 +53,8 @@ def test_complete_checkpoint_with_manifest_and_no_helper_process(gloo, tmp_path)
     manifest = json.loads((out / MANIFEST_FILE).read_text())
     assert {"common.pt", ".metadata", "metadata.json", "gspo_meta.json"} <= set(manifest["files"])
     assert abs(expected - manifest["total_bytes"]) < 0.03 * manifest["total_bytes"]  # one big tensor
-    # No spawned Manager (it survived SIGKILL of the trainer): write results stay in-process.
-    assert isinstance(filesystem_async._results_queue, queue.Queue)
+    # Written in this process (learner/streaming_save.py): no forked writers, no spawned
+    # Manager (it survived SIGKILL of the trainer).
     assert multiprocessing.active_children() == []
 
 

@@ -1,11 +1,13 @@
 """Convert a Hugging Face Qwen3 / Qwen3-MoE checkpoint into a gspo-megatron distributed checkpoint.
 
 Every rank builds its part of the Megatron model for the current parallel layout (on CPU), then
-streams the HF tensors it needs one at a time from the safetensors shards, maps them (fused QKV,
-fused gate/up, vocab padding), keeps its TP / EP / PP slice, and copies it into the parameter.
-The result is saved with ``dist_checkpointing`` through the learner's ``save_model_weights``.
-Host memory per process is bounded by that process's share of the model plus one full tensor, so
-a 30B model is converted with as many processes (``--pp``/``--ep``) as it takes to fit.
+reads, one parameter at a time, only the rows or columns of the HF tensors that its TP / EP / PP
+slice holds (``safe_open`` slices: whole query groups of q/k/v, its share of gate and up, its
+padded vocabulary rows), maps them (fused QKV, fused gate/up, vocab padding) and copies them into
+the parameter. The result is saved with ``dist_checkpointing`` through the learner's
+``save_model_weights``, which writes the parameters themselves, one at a time. Host memory per
+process is that process's share of the model plus about two of its parameter slices, so a 30B
+model is converted with as many processes (``--pp``/``--ep``) as it takes to fit.
 
 Since dist_checkpointing stores global tensors, the checkpoint loads under any other layout; the
 layout used for conversion only decides how the work and memory are split.
@@ -102,24 +104,24 @@ def _is_main() -> bool:
 
 def fill_from_hf(chunks: List[torch.nn.Module], reader: HFCheckpointReader, cfg: ModelConfig,
                  padded_vocab: int, log_every: int = 100) -> int:
-    """Copy this rank's slice of every parameter from the HF checkpoint; returns bytes read."""
+    """Copy this rank's slice of every parameter from the HF checkpoint, reading only that slice
+    of each HF tensor (plus vocabulary padding); returns the bytes copied."""
     start, num_bytes, count = time.monotonic(), 0, 0
     with torch.no_grad():
         for chunk in chunks:
             for unit in iter_local_units(chunk, cfg):
-                sources = [reader.get(n) for n in mapping.hf_names(unit.name, cfg)]
-                num_bytes += sum(t.numel() * t.element_size() for t in sources)
-                full = mapping.hf_to_megatron(unit.name, sources, cfg, padded_vocab)
-                local = mapping.shard_for_rank(full, unit.spec, unit.tp_rank, unit.tp_size)
+                local = mapping.local_from_hf(unit.name, reader, cfg, unit.spec, unit.tp_rank,
+                                              unit.tp_size, padded_vocab)
                 if tuple(local.shape) != tuple(unit.tensor.shape):
                     raise mapping.MappingError(
                         f"'{unit.name}' from {mapping.hf_names(unit.name, cfg)}: slice shape "
                         f"{list(local.shape)} does not fit parameter {list(unit.tensor.shape)}")
                 unit.tensor.copy_(local)
-                del sources, full, local
+                num_bytes += local.numel() * local.element_size()
+                del local
                 count += 1
                 if log_every and count % log_every == 0 and _is_main():
-                    log.info("converted %d tensors, %.2f GB read, %.1f s", count, num_bytes / 1e9,
+                    log.info("converted %d tensors, %.2f GB, %.1f s", count, num_bytes / 1e9,
                              time.monotonic() - start)
     return num_bytes
 
@@ -148,7 +150,7 @@ def convert_hf_to_megatron(hf_dir: str | Path, out_dir: str | Path, parallel: Pa
     meta = {"step": 0, "model": cfg, "parallel": parallel, "hf_source": str(hf_dir.resolve())}
     save_model_weights(chunks, out_dir, meta)
     if _is_main():
-        log.info("converted %s -> %s: rank 0 read %.2f GB; build %.1f s, fill %.1f s, "
+        log.info("converted %s -> %s: rank 0 filled %.2f GB; build %.1f s, fill %.1f s, "
                  "save %.1f s", hf_dir, out_dir, num_bytes / 1e9, built - start, filled - built,
                  time.monotonic() - filled)
     return Path(out_dir)

@@ -28,8 +28,8 @@ import torch
 from gspo_megatron.checkpoint.convert import build_model_chunks
 from gspo_megatron.checkpoint.gather import iter_hf_tensors
 from gspo_megatron.checkpoint.hf_io import (GENERATION_CONFIG, TOKENIZER_FILES,
-                                            SafetensorsShardWriter, copy_hf_assets)
-from gspo_megatron.checkpoint.mapping import expected_hf_shapes
+                                            PlannedShardWriter, copy_hf_assets)
+from gspo_megatron.checkpoint.mapping import expected_hf_shapes, hf_file_order
 from gspo_megatron.checkpoint.meta import (check_target, model_config_from_meta, partial_dir,
                                            publish, resolve_checkpoint)
 from gspo_megatron.config.schema import ModelConfig, ParallelConfig
@@ -103,9 +103,18 @@ def _generation_config(hf_config: Dict[str, Any]) -> Dict[str, Any]:
 
 def write_hf_metadata(out: Path, cfg: ModelConfig, source_dir: Optional[Path],
                       dtype: torch.dtype) -> None:
-    """config.json, generation_config.json and tokenizer files next to the weights."""
+    """config.json, generation_config.json and tokenizer files next to the weights.
+
+    A config.json with the same content as the source's is the source's file, byte for byte
+    (key order and formatting included); a changed one is written sorted and indented.
+    """
     hf_config = _hf_config(cfg, source_dir, dtype)
-    (out / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True))
+    source_config = source_dir / "config.json" if source_dir is not None else None
+    if source_config is not None and source_config.is_file() and \
+            json.loads(source_config.read_text()) == hf_config:
+        shutil.copy2(source_config, out / "config.json")
+    else:
+        (out / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True))
     copied = copy_hf_assets(source_dir, out)
     if GENERATION_CONFIG not in copied:
         (out / GENERATION_CONFIG).write_text(json.dumps(_generation_config(hf_config), indent=2))
@@ -153,6 +162,10 @@ def write_hf_directory(named_tensors: Iterable[Tuple[str, torch.Tensor]], out: P
                        max_shard_bytes: int, log_every: int = 0) -> Tuple[int, int]:
     """Collective: rank 0 writes the stream (every rank drains it) as an HF directory at ``out``.
 
+    The shards are laid out from ``cfg`` before the first tensor arrives (the hub's file order,
+    ``max_shard_bytes`` each) and every tensor is written to its place as it comes, so rank 0
+    holds no shard in memory, only the tensor being written.
+
     Returns ``(num_tensors, num_shards)`` on rank 0 (``(0, 0)`` elsewhere).
     """
     what = f"Hugging Face export {out.name}"
@@ -161,7 +174,10 @@ def write_hf_directory(named_tensors: Iterable[Tuple[str, torch.Tensor]], out: P
     if _rank() == 0:
         try:
             check_free_space(out.parent, hf_export_nbytes(cfg, dtype, source_dir), what)
-            writer = SafetensorsShardWriter(partial_dir(out), max_shard_bytes)
+            shapes = expected_hf_shapes(cfg)
+            writer = PlannedShardWriter(partial_dir(out), [(n, shapes[n], dtype) for n in
+                                                           hf_file_order(list(shapes))],
+                                        max_shard_bytes)
         except (OSError, OutputWriteError) as exc:
             error = exc
     _agree(error, out, what)
@@ -173,9 +189,10 @@ def write_hf_directory(named_tensors: Iterable[Tuple[str, torch.Tensor]], out: P
             writer.add(name, tensor.to(dtype))
         except Exception as exc:  # noqa: BLE001 - safetensors' Rust errors are plain Exceptions
             error = exc
+        del tensor  # a view into its gathered bucket: not kept while the next one is gathered
         count += 1
         if log_every and count % log_every == 0:
-            log.info("exported %d tensors, %.2f GB, %.1f s", count, writer.total_bytes / 1e9,
+            log.info("exported %d tensors, %.2f GB, %.1f s", count, writer.written_bytes / 1e9,
                      time.monotonic() - start)
     files = []
     if writer is not None and error is None:
@@ -185,6 +202,8 @@ def write_hf_directory(named_tensors: Iterable[Tuple[str, torch.Tensor]], out: P
             publish(writer.dir, out)
         except Exception as exc:  # noqa: BLE001 - as above
             error = exc
+    if writer is not None:
+        writer.close()
     _agree(error, out, what)
     return count, len(files)
 

@@ -5,11 +5,12 @@ run to the end (it issues collectives). Each pipeline stage is gathered by its o
 size-bounded buckets (one collective per bucket, not per tensor):
 
 - dense parameters (attention, norms, router, embeddings, output layer): the stage's first
-  data-parallel replica all-gathers each bucket's TP slices (one flat tensor per rank) and its
-  first rank (TP rank 0) unshards them;
-- expert parameters: the first expert-data-parallel replica all-gathers each bucket over the
-  expert-TP group, then the expert-TP rank 0 of every EP rank all-gathers the full local experts
-  over the EP group, so the stage's first rank holds every expert of the bucket.
+  data-parallel replica gathers each bucket's TP slices (one flat tensor per rank) on its first
+  rank (TP rank 0), which unshards them;
+- expert parameters: the first expert-data-parallel replica gathers each bucket over the
+  expert-TP group on expert-TP rank 0, then the expert-TP rank 0 of every EP rank sends the full
+  local experts over the EP group to EP rank 0, so the stage's first rank holds every expert of
+  the bucket.
 
 The stage's first rank (TP = DP = EP = ETP rank 0; its *leader*) converts the bucket to HF
 ``(name, tensor)`` pairs (QKV and gate/up un-fused, vocabulary padding cut). With
@@ -20,8 +21,10 @@ itself (weight_sync/distributed_broadcast.py). With ``dst="rank0"`` the leaders 
 send their buckets to global rank 0 (flat bytes plus a small header), which yields everything
 (export, and transports that live in rank 0's process).
 
-Memory: a leader holds one gathered bucket (plus its HF views) at a time. Yielded tensors are
-views into that bucket: consume or copy them before asking for the next one.
+Memory: a leader holds one gathered bucket (plus its HF views) at a time, the other ranks the
+bytes they send (none beyond their parameters when a bucket is one contiguous tensor); only
+the receiving rank of a gather allocates its buffer. Yielded tensors are views into that
+bucket: consume or copy them before asking for the next one.
 """
 
 from __future__ import annotations
@@ -96,6 +99,9 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The tensors' bytes back to back; a view (no copy) of a lone contiguous tensor."""
+    if len(tensors) == 1 and tensors[0].is_contiguous():
+        return tensors[0].detach().reshape(-1).view(torch.uint8)
     return torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors])
 
 
@@ -108,13 +114,45 @@ def _split(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> List[torch.Tenso
     return out
 
 
-def _all_gather_flat(local: Sequence[torch.Tensor], group, size: int) -> List[List[torch.Tensor]]:
-    """Every rank's version of ``local`` (same shapes on every rank), by group rank."""
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bytes as a flat uint8 tensor (a view when ``t`` is contiguous)."""
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _gather_flat(local: Sequence[torch.Tensor], group, size: int) -> List[List[torch.Tensor]]:
+    """Every rank's version of ``local`` (same shapes on every rank), by group rank, on the
+    group's first rank (the only one that uses them); ``[]`` on the others.
+
+    The parts are received into one buffer, rank after rank, so a tensor split along dim 0 is
+    whole in it already (:func:`mapping.unshard` returns a view of it instead of a copy). On
+    gloo each tensor comes by a point-to-point send straight into its place (gloo's ``gather``
+    receives into a flat buffer of its own and copies it out: twice the bucket on the
+    receiver, and the senders would pack their tensors first); NCCL's ``gather`` receives into
+    the outputs directly (and point-to-point sends would each build a communicator there).
+    """
     if size == 1:
         return [list(local)]
-    flat = _flat(local)
-    parts = [torch.empty_like(flat) for _ in range(size)]
-    dist.all_gather(parts, flat, group=group)
+    ranks = dist.get_process_group_ranks(group)
+    gloo = dist.get_backend(group) == "gloo"
+    if dist.get_rank() != ranks[0]:
+        if gloo:
+            for t in local:
+                dist.send(_bytes(t), dst=ranks[0], group=group)
+        else:
+            dist.gather(_flat(local), None, dst=ranks[0], group=group)
+        return []
+    nbytes = sum(_nbytes(t) for t in local)
+    whole = torch.empty(size * nbytes, dtype=torch.uint8, device=local[0].device)
+    parts = list(whole.chunk(size))
+    if gloo:
+        like = [torch.empty(_nbytes(t), dtype=torch.uint8, device="meta") for t in local]
+        for t, mine in zip(local, _split(parts[0], like)):
+            mine.copy_(_bytes(t))
+        for part, src in zip(parts[1:], ranks[1:]):
+            for piece in _split(part, like):
+                dist.recv(piece, src=src, group=group)
+    else:
+        dist.gather(_flat(local), parts, dst=ranks[0], group=group)
     return [_split(p, local) for p in parts]
 
 
@@ -145,19 +183,33 @@ def _dense_buckets(units: List[LocalUnit], cfg: ModelConfig, layout: Layout,
     tp_size = max(u.tp_size for u in units) if units else 1
     for bucket in _buckets(units, bucket_bytes, lambda u: u.tp_size):
         sharded = [u for u in bucket if u.tp_size > 1]
-        parts = _all_gather_flat([u.tensor for u in sharded], _groups(False), tp_size) if sharded else []
+        parts = (_gather_flat([u.tensor for u in sharded], _groups(False), tp_size)
+                 if sharded else [])
         if not layout.is_leader:
             continue
         position = {id(u): i for i, u in enumerate(sharded)}
         full = {u.name: (mapping.unshard([p[position[id(u)]] for p in parts], u.spec)
                          if id(u) in position else u.tensor) for u in bucket}
-        yield _to_hf(full, cfg)
+        hf = _to_hf(full, cfg)
+        del parts, full  # only the HF views may keep this bucket alive (see iter_hf_tensors)
+        yield hf
 
 
 def _expert_key(u: LocalUnit, experts_per_rank: int) -> Tuple[int, int, str]:
     m = _EXPERT.match(u.name)
     layer, expert, fc = int(m.group(1)), int(m.group(2)), m.group(3)
     return layer, expert % experts_per_rank, fc
+
+
+def _by_global_expert(by_ep: List[List[torch.Tensor]], bucket: List[LocalUnit],
+                      per_rank: int) -> Dict[str, torch.Tensor]:
+    """Canonical name -> full tensor of every EP rank's experts in one gathered bucket."""
+    full = {}
+    for ep_rank, tensors in enumerate(by_ep):
+        for u, t in zip(bucket, tensors):
+            layer, slot, fc = _expert_key(u, per_rank)
+            full[mapping.expert_name(layer, ep_rank * per_rank + slot, fc)] = t
+    return full
 
 
 def _expert_buckets(units: List[LocalUnit], cfg: ModelConfig, layout: Layout,
@@ -170,19 +222,16 @@ def _expert_buckets(units: List[LocalUnit], cfg: ModelConfig, layout: Layout,
     units = sorted(units, key=lambda u: _expert_key(u, per_rank))
     etp_size = units[0].tp_size
     for bucket in _buckets(units, bucket_bytes, lambda u: u.tp_size * layout.ep_size):
-        parts = _all_gather_flat([u.tensor for u in bucket], _groups(True), etp_size)
+        parts = _gather_flat([u.tensor for u in bucket], _groups(True), etp_size)
         if layout.etp_rank != 0:
             continue
         local_full = [mapping.unshard([p[i] for p in parts], u.spec) for i, u in enumerate(bucket)]
-        by_ep = _all_gather_flat(local_full, ps.get_expert_model_parallel_group(), layout.ep_size)
+        by_ep = _gather_flat(local_full, ps.get_expert_model_parallel_group(), layout.ep_size)
         if not layout.is_leader:
             continue
-        full = {}
-        for ep_rank, tensors in enumerate(by_ep):
-            for u, t in zip(bucket, tensors):
-                layer, slot, fc = _expert_key(u, per_rank)
-                full[mapping.expert_name(layer, ep_rank * per_rank + slot, fc)] = t
-        yield _to_hf(full, cfg)
+        hf = _to_hf(_by_global_expert(by_ep, bucket, per_rank), cfg)
+        del parts, local_full, by_ep  # as in _dense_buckets
+        yield hf
 
 
 def _stage_buckets(model_chunks: Sequence[torch.nn.Module], cfg: ModelConfig, layout: Layout,
@@ -214,7 +263,9 @@ def _recv_from(src: int, device: torch.device) -> Iterator[HFBucket]:
                 for _, shape, dtype in header]
         flat = torch.empty(sum(_nbytes(t) for t in like), dtype=torch.uint8, device=device)
         dist.recv(flat, src=src)
-        yield list(zip([n for n, _, _ in header], _split(flat, like)))
+        bucket = list(zip([n for n, _, _ in header], _split(flat, like)))
+        del flat  # not alive while the next bucket is received
+        yield bucket
 
 
 def _stage_leaders() -> List[int]:
@@ -272,7 +323,11 @@ def iter_hf_tensors(model_chunks: Sequence[torch.nn.Module], model_cfg: ModelCon
     """``(hf_name, tensor)`` pairs of :func:`iter_hf_buckets` (export writes them one by one).
 
     ``parallel_cfg`` is accepted for symmetry with conversion; the layout is read from
-    Megatron's parallel state. Every rank must exhaust the generator.
+    Megatron's parallel state. Every rank must exhaust the generator. Each pair is taken out of
+    its bucket as it is handed over, so a bucket's memory is freed once the consumer drops its
+    last tensor, before the next bucket is gathered (the consumer should drop it by then too).
     """
     for bucket in iter_hf_buckets(model_chunks, model_cfg, bucket_bytes, dst):
-        yield from bucket
+        bucket.reverse()
+        while bucket:
+            yield bucket.pop()

@@ -7,7 +7,9 @@ that every shard exists and parses and that every tensor the config implies is p
 right shape; each failure names the file and key.
 
 :class:`SafetensorsShardWriter` fills shards up to a byte budget and writes the index at the end,
-so export holds at most one shard in memory.
+so its writer holds at most one shard in memory. :class:`PlannedShardWriter` lays the shards out
+from the list of tensors to come (names, shapes, dtype) and writes each tensor into its place the
+moment it arrives, in any order, so it holds nothing: export uses it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -91,6 +93,17 @@ class HFCheckpointReader:
         filename = self.file_of(name)
         try:
             return self._open(filename).get_tensor(name)
+        except HFCheckpointError:
+            raise
+        except Exception as exc:
+            raise HFCheckpointError(f"{self.dir / filename}: cannot read tensor '{name}' "
+                                    f"({exc})") from None
+
+    def get_slice(self, name: str, index: Tuple[slice, ...]) -> torch.Tensor:
+        """``tensor[index]`` read from the file without reading the rest of the tensor."""
+        filename = self.file_of(name)
+        try:
+            return self._open(filename).get_slice(name)[index]
         except HFCheckpointError:
             raise
         except Exception as exc:
@@ -187,6 +200,109 @@ class SafetensorsShardWriter:
         index = {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
         (self.dir / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True))
         return files
+
+
+_SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32",
+                       torch.float64: "F64", torch.int64: "I64", torch.int32: "I32",
+                       torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+_MAX_WRITE = 1 << 30  # os.pwrite writes at most ~2 GiB per call on Linux
+
+
+class PlannedShardWriter:
+    """Safetensors shards laid out before any tensor arrives; each tensor is written to its place.
+
+    ``tensors`` lists ``(name, shape, dtype)`` in file order; shards are filled in that order up
+    to ``max_shard_bytes`` (a tensor larger than the budget gets a shard of its own), named
+    ``model-0000i-of-0000N.safetensors``, and created with their headers at once. :meth:`add`
+    takes the tensors in any order and writes each one's bytes at its offset, so nothing is
+    buffered; :meth:`finish` checks that every planned tensor came, syncs the files and writes
+    the index. The files are ordinary safetensors files (the header padded to 8 bytes, as
+    safetensors itself does).
+    """
+
+    def __init__(self, out_dir: str | Path,
+                 tensors: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]],
+                 max_shard_bytes: int) -> None:
+        if max_shard_bytes <= 0:
+            raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
+        self.dir = Path(out_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        shards: List[List[Tuple[str, Tuple[int, ...], torch.dtype, int]]] = [[]]
+        size = 0
+        for name, shape, dtype in tensors:
+            nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+            if shards[-1] and size + nbytes > max_shard_bytes:
+                shards.append([])
+                size = 0
+            shards[-1].append((name, tuple(shape), dtype, nbytes))
+            size += nbytes
+        self._place: Dict[str, Tuple[str, int, Tuple[int, ...], torch.dtype]] = {}
+        self.files = [self._create(i, len(shards), shard)
+                      for i, shard in enumerate(shards) if shard]
+        self._fds: Dict[str, int] = {}
+        self._written: set = set()
+        self.total_bytes = sum(n for shard in shards for *_, n in shard)
+        self.written_bytes = 0
+
+    def _create(self, index: int, count: int, shard) -> str:
+        """Write one shard's header and size the file; remember where each tensor goes."""
+        filename = f"model-{index + 1:05d}-of-{count:05d}.safetensors"
+        header: Dict[str, object] = {"__metadata__": {"format": "pt"}}
+        offset = 0
+        for name, shape, dtype, nbytes in shard:
+            header[name] = {"dtype": _SAFETENSORS_DTYPES[dtype], "shape": list(shape),
+                            "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)
+        with open(self.dir / filename, "wb") as f:
+            f.write(len(raw).to_bytes(8, "little") + raw)
+            f.truncate(8 + len(raw) + offset)
+        start = 8 + len(raw)
+        for name, shape, dtype, _ in shard:
+            self._place[name] = (filename, start + header[name]["data_offsets"][0], shape, dtype)
+        return filename
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        if name not in self._place:
+            raise ValueError(f"tensor '{name}' is not one of the {len(self._place)} planned")
+        if name in self._written:
+            raise ValueError(f"tensor '{name}' written twice")
+        filename, offset, shape, dtype = self._place[name]
+        if tuple(tensor.shape) != shape or tensor.dtype != dtype:
+            raise ValueError(f"tensor '{name}': {list(tensor.shape)} {tensor.dtype}, planned "
+                             f"{list(shape)} {dtype}")
+        data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+        view, done, fd = memoryview(data), 0, self._fd(filename)
+        while done < len(view):
+            done += os.pwrite(fd, view[done:done + _MAX_WRITE], offset + done)
+        self._written.add(name)
+        self.written_bytes += len(view)
+
+    def _fd(self, filename: str) -> int:
+        if filename not in self._fds:
+            self._fds[filename] = os.open(self.dir / filename, os.O_WRONLY)
+        return self._fds[filename]
+
+    def close(self) -> None:
+        """Close the files (after :meth:`finish`, or to abandon the output)."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
+
+    def finish(self) -> List[str]:
+        """Check that every planned tensor was written, sync the shards, write the index."""
+        missing = sorted(set(self._place) - self._written)
+        if missing:
+            self.close()
+            raise ValueError(f"{len(missing)} planned tensors never came, e.g. {missing[:5]}")
+        for filename in self.files:
+            os.fsync(self._fd(filename))
+        self.close()
+        weight_map = {name: place[0] for name, place in self._place.items()}
+        index = {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
+        (self.dir / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True))
+        return list(self.files)
 
 
 def copy_hf_assets(src_dir: Optional[str | Path], dst_dir: str | Path,

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from dataclasses import replace
+from typing import Callable, Dict, List, Optional, Protocol, Tuple
 
 import torch
 
@@ -121,23 +122,35 @@ def shard_spec(name: str) -> ShardSpec:
     return REPLICATED
 
 
-def shard_for_rank(full: torch.Tensor, spec: ShardSpec, rank: int, size: int) -> torch.Tensor:
-    """This rank's slice of a full canonical tensor."""
-    if spec.dim is None or size == 1:
-        return full
-    if spec.glu:
-        gate, up = full.chunk(2, dim=0)
-        return torch.cat([gate.chunk(size, dim=0)[rank], up.chunk(size, dim=0)[rank]], dim=0)
-    return full.chunk(size, dim=spec.dim)[rank]
+def _adjacent(parts: List[torch.Tensor]) -> bool:
+    """Whether the parts lie back to back in one storage, each contiguous: then their
+    concatenation along dim 0 is a view of that storage."""
+    first = parts[0]
+    end = first.data_ptr()
+    for p in parts:
+        if (not p.is_contiguous() or p.dtype != first.dtype or p.shape[1:] != first.shape[1:]
+                or p.data_ptr() != end or p.untyped_storage().data_ptr()
+                != first.untyped_storage().data_ptr()):
+            return False
+        end += p.numel() * p.element_size()
+    return True
 
 
 def unshard(parts: List[torch.Tensor], spec: ShardSpec) -> torch.Tensor:
-    """Inverse of :func:`shard_for_rank` given every rank's slice in rank order."""
+    """The full tensor from every rank's slice in rank order (the inverse of
+    :func:`local_from_hf`'s split; a view of the parts' memory, not a copy, when they lie back
+    to back along dim 0)."""
     if spec.dim is None or len(parts) == 1:
         return parts[0]
     if spec.glu:
         halves = [p.chunk(2, dim=0) for p in parts]
         return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
+    if spec.dim == 0 and _adjacent(parts):
+        shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
+        strides = [1] * len(shape)
+        for d in range(len(shape) - 2, -1, -1):
+            strides[d] = strides[d + 1] * shape[d + 1]
+        return parts[0].as_strided(shape, strides)
     return torch.cat(parts, dim=spec.dim)
 
 
@@ -214,6 +227,16 @@ def canonical_names(cfg: ModelConfig) -> List[str]:
     return names
 
 
+def hf_file_order(names: List[str]) -> List[str]:
+    """HF names in the hub's file order: the embedding first, then the layers in order, the
+    final norm and lm_head last (the mapping's order within a layer is kept)."""
+    def rank(name: str) -> int:
+        if name.startswith("model.embed_tokens"):
+            return 0
+        return 1 if name.startswith("model.layers.") else 2
+    return sorted(names, key=rank)
+
+
 def expected_hf_shapes(cfg: ModelConfig) -> Dict[str, Tuple[int, ...]]:
     """Shape of every HF tensor the config implies (to check weights against config.json)."""
     h, hd = cfg.hidden_size, cfg.head_dim
@@ -282,6 +305,50 @@ def hf_to_megatron(name: str, tensors: List[torch.Tensor], cfg: ModelConfig,
     if name.endswith("linear_fc1.weight"):
         return torch.cat(tensors, dim=0)
     return tensors[0]
+
+
+class SliceReader(Protocol):
+    """What :func:`local_from_hf` reads HF tensors through (``hf_io.HFCheckpointReader``)."""
+
+    def get(self, name: str) -> torch.Tensor: ...
+
+    def shape(self, name: str) -> Tuple[int, ...]: ...
+
+    def get_slice(self, name: str, index: Tuple[slice, ...]) -> torch.Tensor: ...
+
+
+def _even(total: int, size: int, name: str) -> int:
+    if total % size:
+        raise MappingError(f"'{name}': {total} does not split into {size} equal parts")
+    return total // size
+
+
+def local_from_hf(name: str, reader: SliceReader, cfg: ModelConfig, spec: ShardSpec, rank: int,
+                  size: int, padded_vocab: int) -> torch.Tensor:
+    """This rank's slice of canonical ``name`` (rank ``rank`` of the ``size`` it is split over,
+    per ``spec``), read from only the parts of its HF tensors that the slice holds: the full
+    tensor is never built. Equals ``hf_to_megatron(...)`` cut into ``size`` parts along the
+    spec (fused gate/up: each half cut; QKV: whole query groups; vocabulary: padded rows)."""
+    names = hf_names(name, cfg)
+    if spec.dim is None or size == 1:
+        return hf_to_megatron(name, [reader.get(n) for n in names], cfg, padded_vocab)
+    if name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+        rows = _even(padded_vocab, size, name)
+        start = rank * rows
+        stop = max(start, min(start + rows, cfg.vocab_size))
+        return pad_vocab(reader.get_slice(names[0], (slice(start, stop),)), rows)
+    if name.endswith("linear_qkv.weight"):
+        groups, hd = _even(cfg.num_query_groups, size, name), cfg.head_dim
+        heads = cfg.num_attention_heads // cfg.num_query_groups * groups
+        q = reader.get_slice(names[0], (slice(rank * heads * hd, (rank + 1) * heads * hd),))
+        k, v = (reader.get_slice(n, (slice(rank * groups * hd, (rank + 1) * groups * hd),))
+                for n in names[1:])
+        return fuse_qkv(q, k, v, replace(cfg, num_query_groups=groups, num_attention_heads=heads))
+    part = _even(reader.shape(names[0])[spec.dim], size, name)
+    cut = slice(rank * part, (rank + 1) * part)
+    index = (cut,) if spec.dim == 0 else (slice(None), cut)
+    pieces = [reader.get_slice(n, index) for n in names]
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0)  # gate/up: each half
 
 
 def megatron_to_hf(name: str, full: torch.Tensor,

@@ -5,10 +5,11 @@ Collective (every rank calls :func:`atomic_save`):
 1. rank 0 checks the free space against the checkpoint's size (the sharded tensors' bytes,
    summed over ranks) and creates ``<dir>.partial``; if that fails, every rank raises the same
    :class:`OutputWriteError`, so no rank enters the save alone;
-2. ``dist_checkpointing.save`` writes into ``<dir>.partial``; a failure there (a shard write,
-   reported on every rank by ``save_state_dict_async_finalize`` in megatron-core 0.16.1
-   ``strategies/state_dict_saver.py``) removes the partial directory and raises one readable
-   :class:`OutputWriteError` (``learner/disk_space.py``);
+2. ``dist_checkpointing.save`` writes into ``<dir>.partial`` in this process, one tensor at a
+   time (``learner/streaming_save.py``: no copy of the model, no writer processes); a failure
+   there (a shard write, reported on every rank by ``save_state_dict_async_finalize`` in
+   megatron-core 0.16.1 ``strategies/state_dict_saver.py``) removes the partial directory and
+   raises one readable :class:`OutputWriteError` (``learner/disk_space.py``);
 3. rank 0 writes ``gspo_meta.json``, then ``manifest.json`` (``learner/checkpoint_files.py``),
    then renames the directory into place (an older version is kept as ``<dir>.old`` until the
    rename is done; ``clean_leftovers`` finishes or undoes an interrupted rename).
@@ -23,7 +24,6 @@ import json
 import logging
 import os
 import pickle
-import queue
 import shutil
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
@@ -128,20 +128,6 @@ def _state_nbytes(state: Dict[str, Any]) -> int:
     return local
 
 
-def _use_in_process_write_results(filesystem_async) -> None:
-    """Keep dist_checkpointing's write results in this process instead of a spawned Manager.
-
-    megatron-core 0.16.1 ``strategies/filesystem_async.py`` (``_get_write_results_queue``)
-    lazily starts ``mp.get_context("spawn").Manager()`` for the queue that carries write
-    results; that server process (~270 MB) and multiprocessing's resource tracker outlive a
-    trainer killed with SIGKILL. Our saves are synchronous: ``AsyncRequest.execute_sync``
-    (``strategies/async_utils.py``) runs the writer proxy and ``retrieve_write_results`` in
-    this very process, so a thread-safe in-process queue carries the same results.
-    """
-    if getattr(filesystem_async, "_results_queue", None) is None:
-        filesystem_async._results_queue = queue.Queue()
-
-
 def atomic_save(state: Dict[str, Any], directory: str | Path, meta: Dict[str, Any]) -> None:
     """Write ``state`` into ``<dir>.partial`` and rename it into place once it is complete.
 
@@ -150,7 +136,8 @@ def atomic_save(state: Dict[str, Any], directory: str | Path, meta: Dict[str, An
     :class:`OutputWriteError` that names the path and the cause. The manifest is written last.
     """
     from megatron.core import dist_checkpointing
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    from gspo_megatron.learner.streaming_save import StreamingSaveStrategy
 
     final = Path(directory)
     partial = final.with_name(final.name + ".partial")
@@ -163,10 +150,9 @@ def atomic_save(state: Dict[str, Any], directory: str | Path, meta: Dict[str, An
         partial.mkdir(parents=True)
 
     _rank0_then_agree(prepare, final, what)
-    _use_in_process_write_results(filesystem_async)
     _barrier()
     try:
-        dist_checkpointing.save(state, str(partial))
+        dist_checkpointing.save(state, str(partial), sharded_strategy=StreamingSaveStrategy())
     except (Exception, CheckpointException) as exc:  # torch's CheckpointException is a BaseException
         message = describe_write_failure(exc, final, what)
         if _rank() == 0:

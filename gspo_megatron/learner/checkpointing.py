@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -105,12 +106,48 @@ def load_model_weights(model_chunks, directory: str | Path) -> Dict[str, Any]:
     return meta
 
 
+def _tile(parts, data: torch.Tensor) -> bool:
+    """Whether ``torch.cat(parts)`` would equal ``data`` because the parts *are* its memory:
+    contiguous views of it, one after the other, covering it."""
+    if not (torch.is_tensor(data) and data.is_contiguous() and isinstance(parts, (list, tuple))
+            and parts and all(torch.is_tensor(p) and p.is_contiguous() for p in parts)):
+        return False
+    offset = data.data_ptr()
+    for part in parts:
+        if (part.data_ptr() != offset or part.shape[1:] != data.shape[1:]
+                or part.dtype != data.dtype):
+            return False
+        offset += part.numel() * part.element_size()
+    return offset == data.data_ptr() + data.numel() * data.element_size()
+
+
+def _merge_in_place(node):
+    """``node`` with every ShardedTensorFactory's merge skipped when it would copy a tensor onto
+    itself.
+
+    Megatron's fused SwiGLU factory (``megatron/core/transformer/mlp.py``) saves ``linear_fc1``
+    as two halves and merges them after loading with ``torch.cat``. The halves are views of the
+    parameter and dist_checkpointing loads into them in place, so the cat builds a second copy
+    of two thirds of the expert weights only for ``load_state_dict`` to copy it back.
+    """
+    from megatron.core.dist_checkpointing.mapping import ShardedTensorFactory
+
+    if isinstance(node, dict):
+        return {k: _merge_in_place(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_merge_in_place(v) for v in node]
+    if not isinstance(node, ShardedTensorFactory):
+        return node
+    merge, data = node.merge_fn, node.data
+    return replace(node, merge_fn=lambda sub: data if _tile(sub, data) else merge(sub))
+
+
 def _load(state: Dict[str, Any], directory: str | Path) -> Dict[str, Any]:
     """``dist_checkpointing.load`` with its errors turned into one :class:`CheckpointError`."""
     from megatron.core import dist_checkpointing
 
     try:
-        return dist_checkpointing.load(state, str(directory))
+        return dist_checkpointing.load(_merge_in_place(state), str(directory))
     except (Exception, CheckpointException) as exc:  # torch's CheckpointException: BaseException
         cause = exc
         failures = getattr(exc, "failures", None)

@@ -38,7 +38,7 @@ from gspo_megatron.checkpoint.export import hf_export_nbytes
 from gspo_megatron.checkpoint.hf_checks import check_tokenizer_fits, open_validated
 from gspo_megatron.checkpoint.hf_io import (GENERATION_CONFIG, TOKENIZER_FILES,
                                             SafetensorsShardWriter, copy_hf_assets)
-from gspo_megatron.checkpoint.mapping import expected_hf_shapes
+from gspo_megatron.checkpoint.mapping import expected_hf_shapes, hf_file_order
 from gspo_megatron.checkpoint.meta import check_target, partial_dir, publish
 from gspo_megatron.config.schema import ModelConfig
 from gspo_megatron.learner.disk_space import check_free_space
@@ -54,20 +54,11 @@ def _tensor_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
-def _hub_order(names: List[str]) -> List[str]:
-    """The embedding first, then the layers in order, the final norm and lm_head last."""
-    def rank(name: str) -> int:
-        if name.startswith("model.embed_tokens"):
-            return 0
-        return 1 if name.startswith("model.layers.") else 2
-    return sorted(names, key=rank)  # stable: the mapping's order within a layer is kept
-
-
 def random_tensors(cfg: ModelConfig, init_std: float, seed: int
                    ) -> Iterator[Tuple[str, torch.Tensor]]:
     """``(hub name, bf16 tensor)`` of every weight of ``cfg``, each made when asked for."""
     shapes = expected_hf_shapes(cfg)
-    for name in _hub_order(list(shapes)):
+    for name in hf_file_order(list(shapes)):
         tensor = torch.empty(shapes[name], dtype=DTYPE)
         if tensor.dim() == 1:
             tensor.fill_(1.0)  # RMSNorm weights (Qwen3 has no biases)

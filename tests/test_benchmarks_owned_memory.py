@@ -1,0 +1,53 @@
+"""The owned-memory sampler: a child's heap is seen, so is a grandchild's (summed over the tree),
+file-backed pages (a mapped file) are not, and a command that outlives its timeout is stopped."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.owned_memory import owned_bytes, process_tree, run_measured
+
+MB = 2**20
+HOLD = "import time; b = bytearray({n}); b[::4096] = b'x' * len(b[::4096]); time.sleep(1.0)"
+
+
+def test_a_childs_heap_is_counted_and_the_tree_is_summed():
+    one = run_measured([sys.executable, "-c", HOLD.format(n=150 * MB)])
+    assert one.returncode == 0 and one.num_samples >= 5
+    assert 150 * MB < one.peak_bytes < 150 * MB + 60 * MB  # + the interpreter's own heap
+    spawn = ("import subprocess, sys; "
+             f"c = subprocess.Popen([sys.executable, '-c', {HOLD.format(n=100 * MB)!r}]); "
+             f"exec({HOLD.format(n=100 * MB)!r}); c.wait()")
+    two = run_measured([sys.executable, "-c", spawn])
+    assert two.returncode == 0 and len(two.peak_by_name) == 2
+    assert 200 * MB < two.peak_bytes < 200 * MB + 120 * MB
+
+
+def test_a_mapped_file_is_not_owned(tmp_path):
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"\1" * (150 * MB))
+    read_mapped = ("import mmap, time; f = open({p!r}, 'rb'); "
+                   "m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ); "
+                   "s = sum(m[i] for i in range(0, len(m), 4096)); "
+                   "time.sleep(1.0)").format(p=str(data))
+    run = run_measured([sys.executable, "-c", read_mapped])
+    assert run.returncode == 0 and run.peak_bytes < 60 * MB
+
+
+def test_process_tree_and_owned_bytes_of_this_process():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
+    try:
+        tree = process_tree(__import__("os").getpid())
+        assert child.pid in tree and owned_bytes(tree[0]) > 0
+    finally:
+        child.kill()
+        child.wait()
+    assert owned_bytes(child.pid) == 0  # gone
+
+
+def test_timeout_stops_the_command():
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_measured([sys.executable, "-c", "import time; time.sleep(30)"], timeout_s=1)
