@@ -91,7 +91,7 @@ def _alive(pid: int) -> bool:
 
 
 @fault("SIGKILL leaves no process behind", "wandb offline on; kill -9 while the second checkpoint "
-       "is being written (writer processes forked); look for survivors 5 s later")
+       "is being written (its children: wandb's service, any writer); look for survivors 5 s later")
 def sigkill_orphans(ws, d):
     run_dir = d / "run"
     env = dict(harness.python_env(), WANDB_MODE="offline")
