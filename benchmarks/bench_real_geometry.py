@@ -156,6 +156,7 @@ def hf_main(work: Path) -> None:
 
 def learner_main(work: Path, tp: int, ep: int) -> None:
     from gspo_megatron.checkpoint.convert import model_config_for_hf_dir
+    from gspo_megatron.checkpoint.learner_hf import load_hf_into_learner
     from gspo_megatron.config.schema import GSPOConfig, ParallelConfig
     from gspo_megatron.distributed.runtime import init_distributed
     from gspo_megatron.learner.batch import SequenceBatch
@@ -167,7 +168,7 @@ def learner_main(work: Path, tp: int, ep: int) -> None:
     cfg.parallel = ParallelConfig(tp=tp, ep=ep, sp=tp > 1)
     runtime = init_distributed(cfg.parallel, seed=0)
     policy = LogprobLearner(cfg, runtime)
-    policy.load_hf(seqs["model_dir"])
+    load_hf_into_learner(policy, seqs["model_dir"])
     batch = SequenceBatch(token_ids=[torch.tensor(s) for s in seqs["sequences"]],
                           prompt_lens=seqs["prompt_lens"])
     out = policy.compute_logprobs(batch, temperature=1.0)

@@ -3,7 +3,7 @@ DDP, gradient buffers or an optimizer.
 
     rt = init_distributed(cfg.parallel, seed=0)
     policy = LogprobLearner(cfg, rt)
-    policy.load_hf(cfg.model.hf_path)       # this rank's slices, the conversion tool's mapping
+    load_hf_into_learner(policy, cfg.model.hf_path)   # checkpoint/learner_hf.py
     out = policy.compute_logprobs(batch)    # exactly Learner.compute_logprobs
 
 For a frozen policy (a reference model, a judge) and for checking the learner's numerics at a
@@ -14,14 +14,11 @@ this one only the weights (``benchmarks/bench_real_geometry.py``).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from gspo_megatron.config.schema import GSPOConfig
 from gspo_megatron.learner.learner import Learner
 from gspo_megatron.learner.routing import chunk_router_layers, chunk_routers
 from gspo_megatron.model.provider import (build_gpt_model, build_transformer_config,
-                                          padded_vocab_size, resolve_model_config,
-                                          resolve_transformer_impl)
+                                          resolve_model_config, resolve_transformer_impl)
 
 
 class LogprobLearner(Learner):
@@ -55,16 +52,6 @@ class LogprobLearner(Learner):
         self.routers = [chunk_routers(chunk) for chunk in self.model]
         self.router_layers = [chunk_router_layers(chunk) for chunk in self.model]
         self.step = 0
-
-    def load_hf(self, hf_dir: str | Path) -> int:
-        """Copy this rank's slices of an HF checkpoint into the model; returns bytes read."""
-        from gspo_megatron.checkpoint.convert import fill_from_hf
-        from gspo_megatron.checkpoint.hf_io import HFCheckpointReader
-
-        cfg = self.model_cfg
-        padded = padded_vocab_size(cfg.vocab_size, cfg.make_vocab_size_divisible_by,
-                                   self.cfg.parallel.tp)
-        return fill_from_hf(self.model, HFCheckpointReader(hf_dir), cfg, padded, log_every=0)
 
     def train_step(self, *args, **kwargs):
         raise TypeError("LogprobLearner is forward-only: build a Learner to train")
