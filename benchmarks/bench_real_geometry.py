@@ -160,7 +160,7 @@ def learner_main(work: Path, tp: int, ep: int) -> None:
     from gspo_megatron.config.schema import GSPOConfig, ParallelConfig
     from gspo_megatron.distributed.runtime import init_distributed
     from gspo_megatron.learner.batch import SequenceBatch
-    from gspo_megatron.learner.logprob_learner import LogprobLearner
+    from gspo_megatron.learner.learner import LogprobLearner
 
     seqs = json.loads((work / "sequences.json").read_text())
     cfg = GSPOConfig()
