@@ -37,6 +37,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -113,9 +114,13 @@ def server_phase(model_dir: Path, prompts: List[List[int]], max_new_tokens: int,
         finally:
             server.stop()
     peak = sampler.peak_bytes - sampler.peak_by_pid.get(me, base)
+    timings = re.findall(r"Engine startup timings \(s\): (load_weight=[\d.]+).*?"
+                         r"(scheduler_e2e=[\d.]+).*?(tokenizer_e2e=[\d.]+)",
+                         log_path.read_text(errors="replace"))
     tokens = [[int(t[1]) for t in a["meta_info"]["output_token_logprobs"]] for a in answers]
     logprobs = [[float(t[0]) for t in a["meta_info"]["output_token_logprobs"]] for a in answers]
     return {"tokens": tokens, "logprobs": logprobs, "start_s": start_s,
+            "startup_timings": ", ".join(timings[-1]) if timings else "not logged",
             "peak_owned_gib": peak / GIB,
             "decode_tok_s_single": (max_new_tokens - 1) / max(single_s - one_token_s, 1e-9),
             "decode_tok_s_batch": len(prompts) * max_new_tokens / batch_s}
@@ -296,6 +301,7 @@ def section(result: dict, argv: List[str], conditions: Dict[str, str]) -> str:
              f"| HF fp32 then bf16 | {m['hf']['wall_s']:.1f} | {m['hf']['peak_owned_gib']:.2f} |",
              f"| learner TP2xEP2, 2 ranks, bf16 | {m['learner']['wall_s']:.1f} | "
              f"{m['learner']['peak_owned_gib']:.2f} |", "",
+             f"SGLang's own start-up timings (s): {s['startup_timings']}.", "",
              f"HF's own bf16-vs-fp32 spread: max {c.spread['max']:.4f}, mean "
              f"{c.spread['mean']:.5f}. Tolerance against HF fp32 = {TOLERANCE_FACTOR:g} x spread, "
              f"between two bf16 results = {2 * TOLERANCE_FACTOR:g} x spread.", "",
@@ -342,7 +348,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--work", default="/tmp/bench_real_geometry")
     parser.add_argument("--assets", default=None,
                         help="a make_qwen3_assets directory to reuse (default: WORK/assets)")
-    parser.add_argument("--num-prompts", type=int, default=4)
+    parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--doc", default=None, help="markdown file whose marked section to replace")
     parser.add_argument("--phase", choices=["hf", "learner"], default=None, help=argparse.SUPPRESS)
