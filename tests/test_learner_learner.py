@@ -7,7 +7,8 @@ every weight after one optimizer step; then it resumes from a full training chec
 under a *different* layout (reference -> TP2 / EP2 / CP2, TP2 -> PP2, CP2 -> DP2) and checks the
 next step's loss and the weights after it. A 4-process run does the same for CP=2 combined with
 TP=2+SP, PP=2 and EP=2. The reference also checks that dynamic micro-batching by tokens gives the
-gradients of one large micro-batch, and the non-finite guard.
+gradients of one large micro-batch, and the non-finite guard. The forward-only
+``LogprobLearner`` gives the Learner's log-probs exactly at TP2 x EP2, and refuses to train.
 """
 
 from __future__ import annotations
@@ -226,3 +227,32 @@ def _check_against_reference(results: list, ref: dict) -> None:
             if name in RESUMED_WEIGHTS_EXACT:
                 assert got["w2_diff"] < WEIGHT_ATOL, (where, summary)
             assert got["extra"] == {"cursor": 7} and got["step"] == 2, where
+
+
+# ---- the forward-only learner -------------------------------------------------------------
+
+def _learner_and_logprob_learner(rank: int):
+    from gspo_megatron.distributed.runtime import init_distributed
+    from gspo_megatron.learner.learner import Learner, LogprobLearner
+
+    cfg = tiny_cfg(tp=2, ep=2, sp=True)
+    rt = init_distributed(cfg.parallel, seed=3)
+    learner = Learner(cfg, rt)
+    policy = LogprobLearner(cfg, rt)
+    assert policy.optimizer is None
+    assert not any(p.requires_grad for p in policy.model[0].parameters())
+    policy.model[0].load_state_dict(learner.model[0].module.state_dict())
+    batch = make_batch(0)
+    want = learner.compute_logprobs(batch, temperature=1.0).logprobs
+    got = policy.compute_logprobs(batch, temperature=1.0).logprobs
+    with pytest.raises(TypeError, match="forward-only"):
+        policy.train_step(batch, None)
+    return [float((a - b).abs().max()) for a, b in zip(want, got)], [len(g) for g in got]
+
+
+def test_logprob_learner_equals_learner_at_tp2_ep2():
+    results = run_on_ranks(_learner_and_logprob_learner, world_size=2, timeout_s=300)
+    for gaps, lengths in results:
+        assert lengths == [len(t) - p for t, p in zip(make_batch(0).token_ids,
+                                                      make_batch(0).prompt_lens)]
+        assert max(gaps) == 0.0, gaps

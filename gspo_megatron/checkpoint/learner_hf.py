@@ -33,7 +33,8 @@ def load_hf_into_learner(learner, hf_dir: str | Path) -> int:
                                learner.cfg.parallel.tp)
     num_bytes = fill_from_hf(unwrapped_chunks(learner), HFCheckpointReader(hf_dir), cfg, padded,
                              log_every=0)
-    learner.optimizer.reload_model_params()  # the optimizer's main copies follow the new weights
+    if learner.optimizer is not None:  # None: a forward-only LogprobLearner
+        learner.optimizer.reload_model_params()  # the main copies follow the new weights
     return num_bytes
 
 

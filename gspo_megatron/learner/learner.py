@@ -3,6 +3,7 @@
     rt = init_distributed(cfg.parallel, seed=cfg.trainer.seed)
     learner = Learner(cfg, rt)
     out = learner.compute_logprobs(batch)           # per sequence, on every rank
+    policy = LogprobLearner(cfg, rt)                # forward only: no DDP, no optimizer
     metrics = learner.train_step(mini_batch, get_policy_loss(cfg.algo.loss))
     learner.save_checkpoint("ckpt/step_10", extra={"data_cursor": 123})
 
@@ -408,3 +409,48 @@ def _all_gather_objects(obj) -> list:
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+class LogprobLearner(Learner):
+    """:class:`Learner` minus training: the same model, packing, schedule and
+    ``compute_logprobs`` / ``record_routing``, without DDP, gradient buffers or an optimizer.
+
+    For a frozen policy and for checking the learner's numerics where its training state does
+    not fit: at Qwen3-30B widths a Learner holds bf16 weights plus fp32 gradient buffers and fp32
+    main weights (~5x the weights), this one the weights only
+    (``benchmarks/bench_real_geometry.py``). Weights: ``checkpoint.learner_hf.load_hf_into_learner``.
+    """
+
+    def __init__(self, cfg: GSPOConfig, runtime) -> None:  # noqa: D107 - no super(): no DDP
+        from megatron.core import parallel_state as ps
+
+        self.cfg, self.runtime = cfg, runtime
+        self.model_cfg = resolve_model_config(cfg.model)
+        self.tf_config = build_transformer_config(self.model_cfg, cfg.parallel)
+        self.tf_config.perform_initialization = False  # every weight is loaded afterwards
+        self.use_packed_seq = resolve_transformer_impl(self.model_cfg) == "transformer_engine"
+        self.device = runtime.device
+        vpp = cfg.parallel.vpp
+        self.model = [build_gpt_model(self.model_cfg, cfg.parallel, vp_stage=i if vpp else None,
+                                      config=self.tf_config).to(self.device)
+                      for i in range(vpp or 1)]
+        for chunk in self.model:
+            chunk.requires_grad_(False)
+        self.optimizer = self.scheduler = None
+        self.dp_rank = ps.get_data_parallel_rank()
+        self.dp_size = ps.get_data_parallel_world_size()
+        self.tp_rank = ps.get_tensor_model_parallel_rank()
+        self.tp_group = ps.get_tensor_model_parallel_group() \
+            if ps.get_tensor_model_parallel_world_size() > 1 else None
+        self.is_last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
+        self.cp_size = ps.get_context_parallel_world_size()
+        self.cp_rank = ps.get_context_parallel_rank()
+        self.cp_group = ps.get_context_parallel_group() if self.cp_size > 1 else None
+        self.routers = [chunk_routers(chunk) for chunk in self.model]
+        self.router_layers = [chunk_router_layers(chunk) for chunk in self.model]
+        self.step = 0
+
+    def train_step(self, *args, **kwargs):
+        raise TypeError("LogprobLearner is forward-only: build a Learner to train")
+
+    forward_backward = train_step
