@@ -19,7 +19,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import requests
 
@@ -56,16 +56,20 @@ class RealServer:
     """One real SGLang server process group on ``127.0.0.1``."""
 
     def __init__(self, model_path: str, log_path: Path, port: Optional[int] = None,
-                 extra_args: Optional[List[str]] = None, key_file: Optional[str] = None) -> None:
+                 extra_args: Optional[List[str]] = None, key_file: Optional[str] = None,
+                 drop_args: Sequence[str] = (), **config) -> None:
+        """``config``: ``SGLangConfig`` fields over the defaults (``dtype="auto"``);
+        ``drop_args``: flags left out of the launcher's command line (``--sleep-on-idle``)."""
         if not os.path.exists(SGLANG_PYTHON):
             raise AssertionError(f"{SGLANG_PYTHON} is missing: run `make sglang-venv` (the README's "
                                  "test command does)")
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.log_path = log_path
-        cfg = cpu_server_config(self.port)
-        self.command = sglang_server_command(cfg, model_path, 0, python=SGLANG_PYTHON,
-                                             key_file=key_file) + list(extra_args or [])
+        cfg = cpu_server_config(self.port, **config)
+        self.command = [a for a in sglang_server_command(cfg, model_path, 0, python=SGLANG_PYTHON,
+                                                         key_file=key_file)
+                        if a not in drop_args] + list(extra_args or [])
         self.env = dict(os.environ, **sglang_server_env(cfg), OMP_NUM_THREADS="1")
         self._shm_before = set(glob.glob(SHM_PATTERN))
         self.process: Optional[subprocess.Popen] = None
@@ -88,6 +92,11 @@ class RealServer:
         self.stop()
         raise AssertionError(f"real SGLang server not healthy after {START_TIMEOUT_S}s:\n"
                              f"{self.log_tail()}")
+
+    def new_shm_files(self) -> List[str]:
+        """``/dev/shm/sglang_loads_*`` files that appeared since this server was made (another
+        server started meanwhile on this machine may have left some of them)."""
+        return sorted(set(glob.glob(SHM_PATTERN)) - self._shm_before)
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -115,7 +124,7 @@ class RealServer:
                     break
                 time.sleep(0.5)
             self.process = None
-        for path in set(glob.glob(SHM_PATTERN)) - self._shm_before:
+        for path in self.new_shm_files():
             try:
                 os.unlink(path)
             except FileNotFoundError:

@@ -95,6 +95,23 @@ def test_generate_answers_in_sglang_schema_and_matches_embedded(server, policy):
     assert "output_token_logprobs" not in plain  # SGLang returns them only when asked
 
 
+def test_greedy_is_sglangs_argmax_with_its_log_softmax(server, policy):
+    """``temperature: 0`` (below SGLang's 1e-6): the argmax token each step, reported with
+    ``log_softmax(logits)``, as the real server answers (the differential test compares them)."""
+    from gspo_megatron.rollout.embedded.engine import teacher_forced_logprobs
+
+    model, tok = policy
+    prompt = tok("abc")["input_ids"]
+    body = api.generate_payload("g", prompt, SamplingParams(max_new_tokens=6), None)
+    body["sampling_params"]["temperature"] = 0
+    parsed = api.parse_generate_response(_post(server, api.GENERATE, body).json())
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + parsed.token_ids])).logits[0]
+        ref = teacher_forced_logprobs(model, prompt, parsed.token_ids, 1.0)
+    assert parsed.token_ids == logits[len(prompt) - 1:-1].argmax(-1).tolist()
+    assert parsed.logprobs == pytest.approx(ref.tolist(), abs=1e-5)
+
+
 def test_generate_json_contract_and_unsupported_fields(server):
     bad = _gen(server, sampling_params={"max_new_tokens": 2, "min_pp": 0.1})
     expected = api.unknown_field_message("min_pp", api.SGLANG_SAMPLING_FIELDS)
@@ -220,6 +237,13 @@ def test_weight_update_session_rules_and_stale_cache(server):
     assert torch.equal(torch.tensor(got), new.state_dict()[name].reshape(-1))
     missing = _post(server, api.UPDATE_FROM_DISTRIBUTED, {"names": ["a"], "dtypes": ["float32"], "shapes": [[1]]})
     assert missing.status_code == 400 and "must run between" in missing.json()["message"]
+    assert _post(server, api.BEGIN_UPDATE, {}).json()["success"] is True
+    gate = new.state_dict()["model.layers.1.mlp.gate.weight"]
+    unknown = _post(server, api.UPDATE_FROM_TENSOR, api.update_tensor_payload(
+        [serialize_named_tensors([("model.layers.9.mlp.gate.weight", gate)])]))
+    assert unknown.status_code == 400 and unknown.json()["success"] is False  # SGLang drops it
+    assert "'model.layers.9.mlp.gate.weight' is not a parameter" in unknown.json()["message"]
+    assert _post(server, api.END_UPDATE, {}).json()["success"] is True
 
 
 def test_update_from_disk_needs_no_session(server, tmp_path):

@@ -17,6 +17,7 @@ while requests run) -> ``/continue_generation``.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -178,14 +179,21 @@ def generate_response(rid: str, prompt_len: int, token_ids: List[int], logprobs:
                       finish_reason: Dict[str, Any], e2e_latency: float, text: str,
                       weight_version: Optional[str],
                       routed_experts: Optional[str] = None) -> Dict[str, Any]:
-    """A ``/generate`` response body in SGLang's schema (used by the reference server);
+    """A ``/generate`` response body in SGLang's schema (used by the reference server), with
+    every field the real server's ``meta_info`` has for a non-streaming request with log-probs
+    (``tokenizer_manager``: nothing cached, one DP rank, one weight version for all tokens);
     ``routed_experts``: the base64 routing, set only when asked for and captured."""
+    n = len(token_ids)
     body = {"text": text, "output_ids": list(token_ids),
             "meta_info": {"id": rid, "finish_reason": finish_reason, "prompt_tokens": prompt_len,
-                          "completion_tokens": len(token_ids), "cached_tokens": 0,
-                          "weight_version": weight_version, "e2e_latency": e2e_latency,
+                          "weight_version": weight_version, "num_retractions": 0,
+                          "input_token_logprobs": [],
                           "output_token_logprobs": [[lp, t, None] for lp, t in zip(logprobs, token_ids)],
-                          "output_token_logprobs_length": len(token_ids)}}
+                          "output_token_logprobs_length": n, "reasoning_tokens": 0,
+                          "completion_tokens": n, "cached_tokens": 0,
+                          "weight_versions": [{"version": weight_version, "start": 0, "end": n}],
+                          "cached_tokens_details": None, "dp_rank": 0,
+                          "e2e_latency": e2e_latency, "response_sent_to_client_ts": time.time()}}
     if routed_experts is not None:
         body["meta_info"]["routed_experts"] = routed_experts
     return body

@@ -10,7 +10,13 @@
 3. The tokenizer manager's checks (``_validate_one_request``): the prompt must be shorter than
    the context length, and prompt + ``max_new_tokens`` must fit in it (SGLang's messages);
    ``SamplingParams.verify``'s ranges. Token ids outside ``[0, vocab)`` are refused (stricter:
-   SGLang would index out of range on the GPU). These answer ``{"error": {"message": ...}}``.
+   SGLang indexes out of range, which kills the CPU server; docs/rollout.md). These answer
+   ``{"error": {"message": ...}}``.
+4. Greedy: SGLang reads a temperature below ``1e-6`` as temperature 1 with ``top_k = 1``
+   (``srt/sampling/sampling_params.py``): the most likely token, reported with the log-prob
+   ``log_softmax(logits)`` gives it. The stand-in has no ``top_k``; a ``top_p`` below any
+   token's probability keeps exactly that token (the top token is always kept), so greedy maps
+   to temperature 1 and ``top_p = GREEDY_TOP_P``, with the same log-probs.
 """
 
 from __future__ import annotations
@@ -19,6 +25,12 @@ from typing import Any, Dict, Optional, Tuple
 
 from gspo_megatron.rollout.sglang import api
 from gspo_megatron.rollout.types import SamplingParams
+
+
+SAMPLING_EPS = 1e-6
+"""SGLang's ``_SAMPLING_EPS``: a temperature below it means greedy."""
+GREEDY_TOP_P = 1e-12
+"""Below the smallest token probability of any vocabulary under ~1e12 tokens (p_max >= 1/V)."""
 
 
 class ContractError(ValueError):
@@ -120,9 +132,12 @@ def parse_generate(body: Any, vocab_size: int, context_length: int
             f"the input messages and {max_new} tokens for the completion. Please reduce the number "
             "of tokens in the input messages or the completion to fit within the limit.")
     stop = sp.get("stop") or ()
+    temperature = float(sp.get("temperature", 1.0))
+    top_p = float(sp.get("top_p", 1.0))
+    if 0 <= temperature < SAMPLING_EPS:  # greedy (see 4. above)
+        temperature, top_p = 1.0, GREEDY_TOP_P
     try:
-        params = SamplingParams(temperature=float(sp.get("temperature", 1.0)),
-                                top_p=float(sp.get("top_p", 1.0)), max_new_tokens=int(max_new),
+        params = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=int(max_new),
                                 stop=(stop,) if isinstance(stop, str) else tuple(stop),
                                 stop_token_ids=tuple(sp.get("stop_token_ids") or ()))
     except ValueError as exc:

@@ -207,7 +207,8 @@ class ReferenceServer:
         out = api.generate_response(job.rid, prompt_len, row.tokens, row.logprobs, finish, latency,
                                     text, self.weight_version, routed_experts=routing)
         if not want_logprobs:
-            for key in ("output_token_logprobs", "output_token_logprobs_length"):
+            for key in ("input_token_logprobs", "output_token_logprobs",
+                        "output_token_logprobs_length"):
                 out["meta_info"].pop(key)
         return out
 
@@ -334,8 +335,9 @@ class ReferenceServer:
                 raw = self.rfile.read(length) if length else b""
                 try:
                     body = json.loads(raw) if raw else None
-                except json.JSONDecodeError as exc:
-                    answer = (400, {"error": {"message": f"invalid JSON: {exc}"}})
+                except json.JSONDecodeError as exc:  # FastAPI's validation error, SGLang's body
+                    answer = (400, {"object": "error", "message": f"JSON decode error: {exc}",
+                                    "type": "Bad Request", "param": None, "code": 400})
                 else:
                     answer = (server.authorize(self.path, self.headers.get("Authorization")) or
                               server.route(method, self.path.split("?")[0], body, self._client_gone))

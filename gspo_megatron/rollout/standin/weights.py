@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import torch
 
@@ -124,7 +124,8 @@ class WeightReceiver:
     def init_group(self, body: Dict[str, Any]) -> Tuple[int, Any]:
         name = body.get("group_name", api.DEFAULT_GROUP_NAME)
         if name in self.groups:
-            return _fail(f"Failed to initialize custom process group: group {name!r} exists.")
+            return _fail("Failed to initialize custom process group: The specified group name has "
+                         "already been created, please use a different group name.")
         backend = body.get("backend", "nccl")
         if backend == "nccl" and not torch.cuda.is_available():
             backend = "gloo"  # the reference server runs on CPU
@@ -141,6 +142,15 @@ class WeightReceiver:
         return _ok("Succeeded to destroy custom process group.")
 
     # --- loads ------------------------------------------------------------------------------
+    @staticmethod
+    def _load(load: Callable[[], Any]) -> None:
+        """Run ``load``; a weight name the model lacks is the request's fault (``success:
+        false``), not a missing field (what ``route`` makes of a bare ``KeyError``)."""
+        try:
+            load()
+        except KeyError as exc:
+            raise ValueError(exc.args[0]) from exc
+
     def update_from_distributed(self, body: Dict[str, Any]) -> Tuple[int, Any]:
         names, dtypes, shapes = body["names"], body["dtypes"], body["shapes"]
         with self._lock:
@@ -162,7 +172,7 @@ class WeightReceiver:
                     t = torch.empty(list(s), dtype=flat_bucket.parse_dtype(d))
                     broadcast_from_learner(t, group)
                     tensors.append((n, t))
-            self.engine.load_weights(tensors)
+            self._load(lambda: self.engine.load_weights(tensors))
             return self._after_load(body, "Succeeded to update parameter online.")
 
     def update_from_tensor(self, body: Dict[str, Any]) -> Tuple[int, Any]:
@@ -175,7 +185,7 @@ class WeightReceiver:
                 return refused
             if body.get("load_format") not in (None, "direct"):
                 return _fail(f"Unknown load_format={body.get('load_format')}")
-            self.engine.load_weights(load_named_tensors(blobs[0]))  # this server's one TP rank
+            self._load(lambda: self.engine.load_weights(load_named_tensors(blobs[0])))  # one TP rank
             return self._after_load(body, "Success")
 
     def update_from_disk(self, body: Dict[str, Any]) -> Tuple[int, Any]:
@@ -183,7 +193,7 @@ class WeightReceiver:
             refused = self._before_load(api.UPDATE_FROM_DISK, body, needs_session=False)
             if refused:
                 return refused[0], {**refused[1], "num_paused_requests": 0}
-            self.engine.load_weights_from_disk(body["model_path"])
+            self._load(lambda: self.engine.load_weights_from_disk(body["model_path"]))
             status, out = self._after_load(body, "Succeeded to update model weights.")
             return status, {**out, "num_paused_requests": 0}
 
