@@ -7,19 +7,20 @@ a server that does not start fails the test with the tail of its log.
 
 SGLang's launcher forks a scheduler and a detokenizer; the server starts in a session of its own
 so that teardown can end the whole group it started (by its PID) and nothing else. Each launch
-also leaves a ``/dev/shm/sglang_loads_*.shm`` file; the ones that appeared while this server ran
-are removed with it.
+also leaves a ``/dev/shm/sglang_loads_*.shm`` file; the server's own, the ones its processes map
+or hold open, are removed with it (never another server's that started meanwhile: a suite or a
+tool running beside this one on the same machine keeps its files).
 """
 
 from __future__ import annotations
 
-import glob
+import fnmatch
 import os
 import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Set
 
 import requests
 
@@ -71,7 +72,7 @@ class RealServer:
                                                          key_file=key_file)
                         if a not in drop_args] + list(extra_args or [])
         self.env = dict(os.environ, **sglang_server_env(cfg), OMP_NUM_THREADS="1")
-        self._shm_before = set(glob.glob(SHM_PATTERN))
+        self._own_shm: Set[str] = set()
         self.process: Optional[subprocess.Popen] = None
 
     def start(self) -> "RealServer":
@@ -94,9 +95,11 @@ class RealServer:
                              f"{self.log_tail()}")
 
     def new_shm_files(self) -> List[str]:
-        """``/dev/shm/sglang_loads_*`` files that appeared since this server was made (another
-        server started meanwhile on this machine may have left some of them)."""
-        return sorted(set(glob.glob(SHM_PATTERN)) - self._shm_before)
+        """This server's ``/dev/shm/sglang_loads_*`` files: the ones its processes map or hold
+        open (remembered, so they are still known once the server has stopped)."""
+        if self.alive():
+            self._own_shm |= _files_of_tree(self.process.pid, SHM_PATTERN)
+        return sorted(self._own_shm)
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -109,6 +112,7 @@ class RealServer:
 
     def stop(self, grace_s: float = 20.0) -> None:
         """End the server's process group (SIGTERM, then SIGKILL) and its shared-memory files."""
+        own_files = self.new_shm_files()
         if self.process is not None:
             pgid = self.process.pid  # start_new_session: the group is the server's own
             for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
@@ -124,11 +128,30 @@ class RealServer:
                     break
                 time.sleep(0.5)
             self.process = None
-        for path in self.new_shm_files():
+        for path in own_files:
             try:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+
+
+def _files_of_tree(pid: int, pattern: str) -> Set[str]:
+    """Files matching ``pattern`` that ``pid`` or a descendant maps or holds open."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return set()
+    found: Set[str] = set()
+    for proc in procs:
+        try:
+            paths = [m.path for m in proc.memory_maps()] + [f.path for f in proc.open_files()]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        found |= {p for p in paths if fnmatch.fnmatch(p, pattern)}
+    return found
 
 
 def _group_alive(pgid: int) -> bool:

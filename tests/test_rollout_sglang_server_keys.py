@@ -228,9 +228,16 @@ def test_the_real_server_takes_only_the_jobs_keys(tmp_path):
             assert keys.api_key not in cmdline and keys.admin_api_key not in cmdline, proc.pid
         # the leak check of the trainer tests finds a keyed-launched server while it runs
         assert listening_pids(server.port) == [server.process.pid]
+        # its /dev/shm file is its own; another server's, made meanwhile, is not (and survives)
+        decoy = Path(f"/dev/shm/sglang_loads_decoy_{os.getpid()}_{server.port}.shm")
+        decoy.touch()
+        own = server.new_shm_files()
+        assert len(own) == 1 and str(decoy) not in own
     finally:
         server.stop()
     assert listening_pids(server.port) == []
+    assert decoy.exists() and not any(os.path.exists(p) for p in own)
+    decoy.unlink()
     text = server.log_path.read_text()
     assert "Uvicorn running" in text and "'api_key': '<redacted>'" in text
     assert keys.api_key not in text and keys.admin_api_key not in text
