@@ -124,6 +124,11 @@ class Sample:
     top_k]``, the experts every MoE layer routed positions ``0 .. P + R - 2`` of prompt +
     response to (SGLang's ``routed_experts``; the last token is never fed back). See
     :mod:`rollout.routed_experts`."""
+    token_versions: Optional[List[int]] = None
+    """One per response token: the weight version (the learner step whose weights the engine
+    served) that generated it, when the engine tracks it (SGLang: ``meta_info.weight_versions``).
+    A partial rollout that went on across a weight update holds more than one version; the
+    staleness bound and lag metrics read the oldest (``rollout.max_staleness``)."""
 
     @property
     def key(self) -> Tuple[str, int]:
