@@ -102,7 +102,7 @@ def test_missing_file_and_cycle_are_reported(tmp_path):
     (["rollout.overlap_probe_steps=-1"], "rollout.overlap_probe_steps: must be >= 0"),
     (["optimizer.lr=1e-5", "optimizer.min_lr=1e-4"], "optimizer.min_lr: 0.0001 must be <="),
     (["rollout.overlap_one_step=true", "algo.routing_replay=learner", "model.num_experts=4"],
-     "would not survive a checkpoint"),
+     "rollout.overlap_one_step > 0 the learner would record its routing"),
     (["algo.routing_replay=sometimes"], "'sometimes' is not one of off, learner, rollout"),
     (["rollout.embedded_dtype=fp16"], "rollout.embedded_dtype: 'fp16' is not one of fp32, bf16"),
     (["algo.routing_replay=rollout", "model.arch=qwen3", "model.num_experts=0"],
@@ -122,6 +122,19 @@ def test_missing_file_and_cycle_are_reported(tmp_path):
     (["algo.diagnostics.length_bucket_edges=[64,16]"], "must be increasing integers"),
     (["algo.diagnostics.log_ratio_bin_edges=[0.1,0.0]"], "must be increasing"),
     (["algo.diagnostics.expert_volatility_num_seqs=-1"], "must be >= 0"),
+    (["rollout.max_staleness=-1"], "rollout.max_staleness: -1 must be >= 0"),
+    (["rollout.async_groups_in_flight=-2"], "rollout.async_groups_in_flight: -2 must be >= 0"),
+    (["rollout.overlap_one_step=true", "rollout.max_staleness=3"],
+     "rollout.overlap_one_step: is the old name of rollout.max_staleness=1"),
+    (["rollout.max_staleness=2"], "rollout.max_staleness: 2 needs servers that pause"),
+    (["rollout.max_staleness=2", "rollout.engine=sglang"],
+     "rollout.max_staleness: colocated SGLang servers share"),
+    (["rollout.max_staleness=2", "rollout.engine=sglang", "rollout.mode=disaggregated",
+      "algo.old_logprob_source=rollout"], "algo.old_logprob_source: 'rollout' under"),
+    (["rollout.max_staleness=2", "rollout.engine=reference", "rollout.mode=disaggregated",
+      "algo.routing_replay=learner"], "algo.routing_replay: with rollout.max_staleness > 0"),
+    (["rollout.max_staleness=1", "algo.routing_replay=learner"],
+     "algo.routing_replay: with rollout.max_staleness > 0"),
 ])
 def test_inconsistent_layouts_and_settings_are_refused(overrides, message):
     base = ["model.num_experts=4", "parallel.world_size=8"]
@@ -156,6 +169,21 @@ def test_routing_replay_modes_and_the_booleans_of_older_configs():
     assert routing_replay_mode(load_config(REPO / "configs" / "tiny_cpu.yaml", ["algo.routing_replay=true", "algo.old_logprob_source=learner"]).algo) == "learner"
     assert routing_replay_mode(load_config(REPO / "configs" / "tiny_cpu.yaml", ["algo.routing_replay=false"]).algo) == "off"
     assert routing_replay_mode(load_config(REPO / "configs" / "tiny_cpu.yaml").algo) == "off"
+
+
+def test_max_staleness_and_its_old_name():
+    """``overlap_one_step: true`` reads as ``max_staleness: 1``; k >= 2 runs on servers."""
+    from gspo_megatron.config.schema import rollout_staleness
+
+    tiny = REPO / "configs" / "tiny_cpu.yaml"
+    assert rollout_staleness(load_config(tiny).rollout) == 0
+    assert rollout_staleness(load_config(tiny, ["rollout.overlap_one_step=true"]).rollout) == 1
+    assert rollout_staleness(load_config(tiny, ["rollout.max_staleness=1"]).rollout) == 1
+    both = ["rollout.overlap_one_step=true", "rollout.max_staleness=1"]
+    assert rollout_staleness(load_config(tiny, both).rollout) == 1
+    k4 = ["rollout.max_staleness=4", "rollout.engine=reference", "rollout.mode=disaggregated",
+          "algo.old_logprob_source=learner"]
+    assert rollout_staleness(load_config(tiny, k4).rollout) == 4
 
 
 def test_context_parallel_layouts_are_accepted():

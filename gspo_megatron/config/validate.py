@@ -15,7 +15,7 @@ from gspo_megatron.config.errors import ConfigError  # noqa: F401  (re-exported)
 from gspo_megatron.config.allocation import allocation_problems, fleet_problems
 from gspo_megatron.config.sequence_padding import FP8_RECIPES, pad_multiple_for, round_up
 from gspo_megatron.config.schema import (EMBEDDED_DTYPES, ROUTING_REPLAY_MODES,
-                                         routing_replay_mode)
+                                         rollout_staleness, routing_replay_mode)
 
 SGLANG_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 """``--dtype`` choices of sglang 0.5.23 (``srt/arg_groups/fields/model.py``)."""
@@ -233,24 +233,52 @@ def _check_paper_experiments(cfg, check) -> None:
 
 
 def _check_overlap(cfg, check) -> None:
-    """One-step off-policy rollouts (rollout.overlap_one_step) and the engine's process."""
+    """Off-policy rollouts (``rollout.max_staleness``, alias ``overlap_one_step``) and the
+    engine's process."""
     r = cfg.rollout
     check(r.embedded_num_threads >= 1, "rollout.embedded_num_threads", "must be >= 1")
     check(r.overlap_thread_split in ("auto", "share", "full"), "rollout.overlap_thread_split",
           f"{r.overlap_thread_split!r} must be 'auto', 'share' or 'full'")
     check(r.overlap_probe_steps >= 0, "rollout.overlap_probe_steps", "must be >= 0 (0: no probe)")
-    if not r.overlap_one_step:
+    check(r.max_staleness >= 0, "rollout.max_staleness",
+          f"{r.max_staleness} must be >= 0 (0: on-policy, 1: one step off-policy, k: tokens of "
+          "RL step v train at steps v .. v + k)")
+    check(r.async_groups_in_flight >= 0, "rollout.async_groups_in_flight",
+          f"{r.async_groups_in_flight} must be >= 0 (0: batch.num_prompts_per_step)")
+    check(not r.overlap_one_step or r.max_staleness in (0, 1), "rollout.overlap_one_step",
+          f"is the old name of rollout.max_staleness=1, but rollout.max_staleness={r.max_staleness}"
+          " is set too; drop rollout.overlap_one_step")
+    k = rollout_staleness(r)
+    if k == 0:
         return
-    check(r.engine == "embedded" or r.mode == "disaggregated", "rollout.overlap_one_step",
+    name = "rollout.overlap_one_step" if k == 1 and r.overlap_one_step else "rollout.max_staleness"
+    check(r.engine == "embedded" or r.mode == "disaggregated", name,
           "colocated SGLang servers share the learner's GPUs and cannot generate while it "
           "trains; set rollout.mode=disaggregated")
     check(r.engine != "embedded" or r.weight_sync.transport in ("auto", "tensor"),
           "rollout.weight_sync.transport", "the embedded engine's process takes weights through "
-          "shared memory ('auto' or 'tensor') when rollout.overlap_one_step=true")
+          f"shared memory ('auto' or 'tensor') when {name}={r.max_staleness or 'true'}")
     check(routing_replay_mode(cfg.algo) != "learner", "algo.routing_replay",
-          "with rollout.overlap_one_step the in-flight rollout's recorded routing would not "
-          "survive a checkpoint; replay routing on-policy (rollout.overlap_one_step=false) or "
-          "replay the engine's routing, which travels with the samples (rollout)")
+          f"with {name} > 0 the learner would record its routing (R2) under weights that did "
+          "not generate the samples, and an in-flight rollout's recording would not survive a "
+          "checkpoint; replay the engine's routing, which travels with the samples (rollout), "
+          "or train on-policy")
+    if k >= 2:
+        _check_async(cfg, check)
+
+
+def _check_async(cfg, check) -> None:
+    """``rollout.max_staleness >= 2``: continuous generation across weight updates."""
+    r, a = cfg.rollout, cfg.algo
+    check(r.engine in ("sglang", "reference"), "rollout.max_staleness",
+          f"{r.max_staleness} needs servers that pause and resume requests across a weight "
+          f"update (rollout.engine=sglang or reference); rollout.engine={r.engine} generates a "
+          "batch at a time and cannot; use rollout.max_staleness <= 1 with it")
+    check(a.old_logprob_source == "learner", "algo.old_logprob_source",
+          "'rollout' under rollout.max_staleness >= 2 would make pi_old the engine's mixture of "
+          "stale weight versions, so the clip would hold the update near a point the learner no "
+          "longer is; use 'learner' (the proximal policy, recomputed under the weights before "
+          "each update, with algo.tis as the behaviour weight; docs/algorithms.md)")
 
 
 def validate_config(cfg, world_size: Optional[int] = None) -> None:

@@ -1,7 +1,8 @@
 """Build the rollout engine named by ``rollout.engine`` from a ``RolloutConfig``.
 
 - ``embedded``: an in-memory model + tokenizer, or the HF directory ``model_path``; with
-  ``overlap_one_step`` the engine runs in its own process (``rollout/embedded/process.py``).
+  ``max_staleness >= 1`` (or its alias ``overlap_one_step``) the engine runs in its own process
+  (``rollout/embedded/process.py``).
 - ``sglang``: attach to ``rollout.sglang.server_addresses`` or launch ``num_servers`` SGLang
   servers (with ``--enable-memory-saver`` in colocated mode).
 - ``reference``: the same client against CPU reference servers, launched here when no
@@ -45,7 +46,7 @@ def build_engine(cfg, model_path: Optional[str] = None, model=None, tokenizer=No
             return EmbeddedEngine(model, tokenizer, max_batch_size=size, record_routing=record)
         if model_path is None:
             raise ValueError("rollout.engine=embedded needs a model or model.hf_path")
-        if cfg.overlap_one_step:  # a thread would share the learner's GIL
+        if cfg.overlap_one_step or cfg.max_staleness >= 1:  # a thread would share the GIL
             return EmbeddedProcessEngine(model_path, max_batch_size=size,
                                          num_threads=cfg.embedded_num_threads,
                                          record_routing=record, dtype=dtype)

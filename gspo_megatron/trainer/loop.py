@@ -11,9 +11,13 @@
         if not overlap: sync_weights()
         log / evaluate / checkpoint (with the in-flight rollout)
 
-On-policy (default) the rollout of a step is submitted right before it is taken; with
-``rollout.overlap_one_step`` it was submitted during the previous step (one-step off-policy,
-``trainer/rollout_pipeline.py``), and pi_old is computed under the weights that generated it.
+On-policy (``rollout.max_staleness=0``, the default) the rollout of a step is submitted right
+before it is taken; with ``max_staleness=1`` (alias ``overlap_one_step``) it was submitted during
+the previous step (one-step off-policy, ``trainer/rollout_pipeline.py``), and pi_old is computed
+under the weights that generated it. With ``max_staleness >= 2`` a generator keeps the servers
+busy across weight updates (``trainer/async_rollouts.py``): the first step starts it, every step
+takes finished groups no older than k, pi_old is the proximal policy (the current weights) and
+``algo.tis`` the behaviour weight.
 ``prepare`` builds the step's batch and pi_old (``trainer/old_policy.py``: the engine's
 log-probs, or a learner pass that may record the routing to replay). ``sync_weights`` only moves
 weights the engine lacks, so a resumed or evaluated run syncs exactly when it needs to. Parts are
@@ -33,8 +37,10 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from gspo_megatron.config.schema import rollout_staleness
 from gspo_megatron.learner.batch import SequenceBatch
 from gspo_megatron.learner.optimizer import constant_learning_rate, reset_adam_state
+from gspo_megatron.trainer.async_rollouts import AsyncRollouts
 from gspo_megatron.trainer.batching import (rollout_routing_shape, rollout_to_sequence_batch,
                                              sft_batch)
 from gspo_megatron.trainer.build import TrainerParts
@@ -81,16 +87,24 @@ class GSPOTrainer:
         self.p = parts
         self.cfg = cfg = parts.cfg
         self.step = 0
-        self.overlap = cfg.rollout.overlap_one_step
+        self.staleness = rollout_staleness(cfg.rollout)
+        self.overlap = self.staleness == 1
+        """One step off-policy: step k+1 is submitted while step k trains."""
         self.routing_shape = rollout_routing_shape(cfg)
         """R3: the shape every sample's routed experts are checked against (None: off)."""
         self._engine_step: Optional[int] = None  # learner step whose weights the engine serves
         # colocated: the engine's memory is with the learner (released at build, trainer/build.py)
         self._released = cfg.rollout.mode == "colocated" and parts.runtime.is_main
-        self.rollouts = RolloutPipeline(
-            self._produce, self._prepare, parts.learner, parts.sampler,
-            is_main=parts.runtime.is_main, world_size=parts.runtime.world_size,
-            overlap=self.overlap, learner_logprobs=cfg.algo.old_logprob_source == "learner")
+        if self.staleness >= 2:  # continuous generation across weight updates
+            self.rollouts = AsyncRollouts(
+                cfg, parts.engine, parts.sampler, parts.reward_runner, parts.tokenizer,
+                self._prepare, parts.learner, is_main=parts.runtime.is_main,
+                world_size=parts.runtime.world_size)
+        else:
+            self.rollouts = RolloutPipeline(
+                self._produce, self._prepare, parts.learner, parts.sampler,
+                is_main=parts.runtime.is_main, world_size=parts.runtime.world_size,
+                overlap=self.overlap, learner_logprobs=cfg.algo.old_logprob_source == "learner")
 
     # ---- the phases ----------------------------------------------------------------------
     def _produce(self, step: int) -> ScoredRollout:
@@ -175,7 +189,8 @@ class GSPOTrainer:
         metrics.update({"rollout/policy_lag_steps": float(ready.policy_lag),
                         "time/rollout_wait_s": ready.wait_s, "time/old_logprobs_s": ready.prepare_s})
         if cfg.data.retire_solved_prompts:  # every rank, so the samplers stay identical
-            metrics["data/retired"] = float(len(p.sampler.retire_saturated(ready.rollout.group_rewards)))
+            metrics["data/retired"] = float(len(self.rollouts.retire_saturated(
+                ready.rollout.group_rewards)))
             metrics["data/active_prompts"] = float(p.sampler.num_active)
         if self.overlap and step < cfg.trainer.num_steps:  # generate step+1 while training this one
             metrics.update(self.sync_weights())
@@ -193,8 +208,9 @@ class GSPOTrainer:
         metrics.update({k: sum(v) / len(v) for k, v in per_mini.items()})
         metrics["time/update_s"] = time.perf_counter() - t2
         metrics.update(volatility.finish())
-        if not self.overlap:  # on-policy: the engine gets this step's weights right away
+        if not self.overlap:  # the engine gets this step's weights right away
             metrics.update(self.sync_weights())
+            self.rollouts.synced(trained_steps=step)  # async: the versions' RL steps
         metrics["time/step_s"] = time.perf_counter() - t0
         metrics["memory/peak_gb"] = peak_memory_gb()
         if p.overlap_threads is not None:

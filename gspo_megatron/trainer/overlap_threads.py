@@ -37,6 +37,8 @@ from typing import Dict, List, Optional
 
 import torch
 
+from gspo_megatron.config.schema import rollout_staleness
+
 log = logging.getLogger(__name__)
 
 SPLITS = ("auto", "share", "full")
@@ -67,10 +69,11 @@ def is_serial(phase: Optional[str]) -> bool:
 
 def overlap_thread_tuner(cfg) -> Optional["OverlapThreadTuner"]:
     """The tuner of a run (main rank), or None unless the embedded engine's process overlaps the
-    learner (``rollout.overlap_one_step`` with ``rollout.engine=embedded``): only then does the
+    learner (``rollout.max_staleness=1``, alias ``overlap_one_step``, with
+    ``rollout.engine=embedded``): only then does the
     engine take cores from the learner's machine."""
     r = cfg.rollout
-    if not (r.overlap_one_step and r.engine == "embedded"):
+    if not (rollout_staleness(r) == 1 and r.engine == "embedded"):
         return None
     return OverlapThreadTuner(r.overlap_thread_split, torch.get_num_threads(),
                               r.embedded_num_threads, r.overlap_probe_steps, cfg.trainer.num_steps)

@@ -161,6 +161,13 @@ class RolloutPipeline:
         return ReadyRollout(rollout, prepared, policy_lag=step - 1 - self._version,
                             wait_s=wait_s, prepare_s=time.perf_counter() - t1)
 
+    def synced(self, trained_steps: int) -> None:
+        """The engine serves the weights after ``trained_steps`` (the async pipeline's hook)."""
+
+    def retire_saturated(self, group_rewards) -> list:
+        """Every rank, so the samplers stay identical (``data.retire_solved_prompts``)."""
+        return self.sampler.retire_saturated(group_rewards)
+
     # ---- checkpoints -----------------------------------------------------------------------
     def checkpoint_state(self) -> Optional[dict]:
         """Collective: the in-flight rollout, finished, as plain values (None when none is)."""
@@ -180,6 +187,9 @@ class RolloutPipeline:
         """Put back what :meth:`checkpoint_state` saved (its prompts are already drawn)."""
         if not state:
             return
+        if "async" in state:
+            raise ValueError("the checkpoint's pending rollouts were written by a run with "
+                             "rollout.max_staleness >= 2; resume it with that setting")
         data = dict(state["rollout"])
         data["samples"] = [Sample(**s) for s in data["samples"]]
         old = state["old_logprobs"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
@@ -33,6 +33,10 @@ class ScoredRollout:
     """Rewards of every generated group, dropped ones included (for query-set refresh)."""
     num_prompts_drawn: int = 0
     """Prompts taken from the sampler (more than the batch when dynamic sampling refilled)."""
+    token_lags: Optional[List[List[int]]] = None
+    """Per sample, per response token: RL steps between the weights that generated it and the
+    update it trains (``rollout.max_staleness >= 2``; None: every token is of the current or,
+    one step off-policy, the previous weights)."""
 
     @property
     def num_sequences(self) -> int:

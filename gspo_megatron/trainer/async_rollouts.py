@@ -1,0 +1,195 @@
+"""Rollouts for ``rollout.max_staleness >= 2``: the loop's side of the continuous generator.
+
+The same four calls as :class:`trainer.rollout_pipeline.RolloutPipeline`, so the loop reads
+alike in every mode:
+
+    rollouts.submit(step, trained_steps)  # first step only: the generator starts (main rank)
+    ready = rollouts.take(step)           # collective: B groups no older than k, prepared
+    train(ready); sync_weights(); rollouts.synced(trained_steps=step)   # servers go on meanwhile
+
+``take`` prepares the batch under the learner's *current* weights: pi_old is then the proximal
+policy of the decoupled objective (the weights before this update), and ``algo.tis`` weighs each
+sequence by ``min(exp(mean_t(logp_prox - logp_behav)), C)`` against the log-probs the engine
+sampled with (docs/algorithms.md). No weight snapshot is kept, whatever k is.
+
+Versions and lags. The engine's weight versions are ``str(learner.step)`` (optimizer steps);
+:meth:`synced` records which RL step each version belongs to, so a token's lag is counted in RL
+steps: ``trained steps now - RL steps trained when its version was synced``.
+
+Metrics per step (``async/...``): the fraction of tokens at each lag ``0 .. k``, the mean lag, the
+fraction of samples spanning more than one version, groups dropped as too old or for equal
+rewards, groups in flight and buffered, samples resumed across a weight update; the clip
+fraction by lag comes from the loss (``train/clip_frac_*_lag*``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from gspo_megatron.data.records import PromptRecord
+from gspo_megatron.rollout.types import Sample, SamplingParams
+from gspo_megatron.trainer.async_generator import AsyncGenerator, FinishedGroup, sample_versions
+from gspo_megatron.trainer.rollout_pipeline import ReadyRollout, _broadcast
+from gspo_megatron.trainer.rollout_step import ScoredRollout, _eos_ids
+
+log = logging.getLogger(__name__)
+
+
+class AsyncRollouts:
+    """Continuous generation with a staleness bound; see the module docstring."""
+
+    def __init__(self, cfg, engine, sampler, reward_runner, tokenizer,
+                 prepare: Callable[[ScoredRollout, Optional[list]], Any], learner, *,
+                 is_main: bool, world_size: int) -> None:
+        self.cfg = cfg
+        self.prepare = prepare
+        self.learner = learner
+        self.sampler = sampler
+        self.is_main = is_main
+        self.world_size = world_size
+        self.k = int(cfg.rollout.max_staleness)
+        self._version_step: Dict[int, int] = {}
+        """Weight version (learner optimizer step) -> RL steps trained when it was synced."""
+        self._trained = 0
+        self._started = False
+        self._score_lock = threading.Lock()
+        self._reward_runner = reward_runner
+        self.generator: Optional[AsyncGenerator] = None
+        if is_main:
+            r = cfg.rollout
+            params = SamplingParams.from_config(r, seed=cfg.trainer.seed)
+            params = SamplingParams(**{**params.__dict__,
+                                       "stop_token_ids": tuple(_eos_ids(tokenizer))})
+            stall = getattr(engine, "stall_timeout_s", None)
+            self.generator = AsyncGenerator(
+                engine, sampler, self._score, params, n=r.n_samples_per_prompt,
+                groups_per_step=cfg.batch.num_prompts_per_step, max_staleness=self.k,
+                groups_in_flight=r.async_groups_in_flight or cfg.batch.num_prompts_per_step,
+                run_seed=cfg.trainer.seed, advantage_mode=cfg.algo.advantage,
+                advantage_eps=cfg.algo.advantage_eps,
+                drop_zero_variance=cfg.algo.dynamic_sampling.enabled,
+                wait_timeout_s=stall() if stall is not None else r.sglang.request_timeout_s)
+        self.engine = engine
+        self._last_counters: Dict[str, float] = {}
+
+    def _score(self, samples: List[Sample], record: PromptRecord) -> List[float]:
+        with self._score_lock:  # one reward batch at a time: the runner keeps its last stats
+            return self._reward_runner.score(samples, {record.prompt_id: record})
+
+    # ---- the loop's calls ------------------------------------------------------------------
+    def has(self, step: int) -> bool:
+        """True once the generator runs: every later step takes from it."""
+        return self._started
+
+    def submit(self, step: int, trained_steps: int) -> None:
+        """Start the generator (main rank) on the weights the engine now serves."""
+        self.synced(trained_steps)
+        self._started = True
+        if self.generator is not None and not self.generator.started:
+            self.generator.start()
+
+    def synced(self, trained_steps: int) -> None:
+        """The engine now serves the learner's weights after ``trained_steps`` RL steps."""
+        self._trained = trained_steps
+        self._version_step[int(self.learner.step)] = trained_steps
+
+    def lag_of(self, version: int) -> int:
+        """RL steps the learner has trained since the weights of ``version`` were synced."""
+        if version not in self._version_step:
+            raise RuntimeError(f"a sample carries weight version {version}, which this run "
+                               f"never synced (known: {sorted(self._version_step)})")
+        return self._trained - self._version_step[version]
+
+    def wait_idle(self) -> None:
+        """Nothing to wait for: evaluation and probes share the servers with the generator."""
+
+    def retire_saturated(self, group_rewards) -> List[str]:
+        if self.generator is None:
+            return self.sampler.retire_saturated(group_rewards)
+        with self.generator.lock:
+            return self.sampler.retire_saturated(group_rewards)
+
+    def take(self, step: int) -> ReadyRollout:
+        """Collective: ``B`` groups no older than ``k`` on every rank, prepared under the
+        current weights (pi_old is the proximal policy)."""
+        rollout, wait_s = None, 0.0
+        if self.is_main:
+            groups, wait_s = self.generator.take(self.lag_of)
+            rollout = self._scored(groups)
+        rollout = _broadcast(rollout, self.world_size)
+        t0 = time.perf_counter()
+        prepared = self.prepare(rollout, None)
+        lag = max((max(lags, default=0) for lags in rollout.token_lags), default=0)
+        return ReadyRollout(rollout, prepared, policy_lag=lag, wait_s=wait_s,
+                            prepare_s=time.perf_counter() - t0)
+
+    def _scored(self, groups: List[FinishedGroup]) -> ScoredRollout:
+        out = ScoredRollout()
+        out.token_lags = []
+        for g in groups:
+            out.samples.extend(g.samples)
+            out.rewards.extend(g.rewards)
+            out.advantages.extend(g.advantages)
+            out.group_rewards[g.record.prompt_id] = list(g.rewards)
+            out.token_lags.extend([self.lag_of(v) for v in sample_versions(s)] for s in g.samples)
+        out.num_prompts_drawn = len(groups)
+        out.metrics = self._metrics(out)
+        return out
+
+    def _metrics(self, out: ScoredRollout) -> Dict[str, float]:
+        lags = [lag for per in out.token_lags for lag in per]
+        lengths = [len(s.response_token_ids) for s in out.samples]
+        metrics = {f"async/lag{j}_token_frac": sum(x == j for x in lags) / max(len(lags), 1)
+                   for j in range(self.k + 1)}
+        metrics["async/lag_mean"] = sum(lags) / max(len(lags), 1)
+        metrics["async/multi_version_sample_frac"] = (
+            sum(len(set(sample_versions(s))) > 1 for s in out.samples) / len(out.samples))
+        gauges = self.generator.gauges()
+        for key in ("dropped_stale_groups", "dropped_zero_variance_groups",
+                    "discarded_in_flight_groups"):  # per step, from the running totals
+            metrics[f"async/{key}"] = gauges[key] - self._last_counters.get(key, 0.0)
+            self._last_counters[key] = gauges[key]
+        metrics["async/in_flight_groups"] = gauges["in_flight_groups"]
+        metrics["async/buffer_groups"] = gauges["buffer_groups"]
+        resumed = getattr(self.engine, "partial_rollout_metrics", None)
+        if resumed is not None:
+            metrics.update({f"async/{k}": v for k, v in resumed().items()})
+        rewards = out.rewards
+        metrics.update({
+            "reward/mean": sum(rewards) / len(rewards),
+            "rollout/num_sequences": float(len(out.samples)),
+            "rollout/response_len_mean": sum(lengths) / len(lengths),
+            "rollout/response_len_max": float(max(lengths)),
+            "rollout/truncated_frac": sum(s.finish_reason == "length" for s in out.samples)
+            / len(lengths)})
+        return metrics
+
+    # ---- checkpoints -----------------------------------------------------------------------
+    def checkpoint_state(self) -> Optional[dict]:
+        """The generator's buffer and prompts in flight, the version map (main rank's values;
+        every rank saves what the main rank sent)."""
+        state = None
+        if self.is_main:
+            state = {"async": self.generator.snapshot(), "trained": self._trained,
+                     "version_step": {str(v): s for v, s in self._version_step.items()}}
+        return _broadcast(state, self.world_size)
+
+    def restore(self, state: Optional[dict]) -> None:
+        if not state:
+            return
+        if "async" not in state:
+            raise ValueError("the checkpoint's pending rollout was written by a run with "
+                             "rollout.max_staleness <= 1; resume it with that setting")
+        self._version_step = {int(v): int(s) for v, s in state["version_step"].items()}
+        self._trained = int(state["trained"])
+        if self.generator is not None:
+            self.generator.restore(state["async"])
+        else:  # every rank's sampler holds the main rank's position
+            self.sampler.load_state_dict(state["async"]["sampler"])
+
+    def close(self) -> None:
+        if self.generator is not None:
+            self.generator.close()

@@ -1,0 +1,206 @@
+"""The continuous generator's own rules (trainer/async_generator.py): admission within the
+staleness bound, too-old groups dropped and counted, errors and stalls named, and checkpoints
+that neither lose nor repeat a prompt.
+
+The engine here is a scripted one: these tests are about the generator's bookkeeping, which
+does not depend on how samples are made. The real SGLang server runs the generator in
+tests/test_trainer_async_rollouts_real_sglang.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import List
+
+import pytest
+
+from gspo_megatron.data.records import PromptRecord
+from gspo_megatron.data.sampler import PromptSampler
+from gspo_megatron.rollout.types import Sample, SamplingParams
+from gspo_megatron.trainer.async_generator import AsyncGenerator, GeneratorFailed, group_seed
+
+N = 2
+
+
+class ScriptedEngine:
+    """Answers each group with ``N`` samples of the current version; can hold answers back."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.gate = threading.Event()
+        self.gate.set()
+        self.lock = threading.Lock()
+        self.running = 0
+        self.max_running = 0
+        self.seeds: List[int] = []
+        self.fail_on = None
+
+    def generate(self, requests, params):
+        (req,) = requests
+        with self.lock:
+            self.running += 1
+            self.max_running = max(self.max_running, self.running)
+            self.seeds.append(params.seed)
+        try:
+            if not self.gate.wait(timeout=20):
+                raise RuntimeError("gate never opened")
+            if self.fail_on is not None and req.prompt_id.startswith(self.fail_on):
+                raise RuntimeError("server exploded")
+            v = self.version
+            return [Sample(req.prompt_id, i, list(req.prompt_token_ids), [5, 6, 7], [-1.0] * 3,
+                           "stop", 0.0, weight_version=str(v), token_versions=[v] * 3)
+                    for i in range(req.n)]
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+def records(num: int) -> List[PromptRecord]:
+    return [PromptRecord(f"p{i:03d}", (1, 2, i % 7), f"q{i}", str(i % 2)) for i in range(num)]
+
+
+def make(engine, *, num=40, k=2, per_step=3, in_flight=3, score=None, drop=False, wait=10.0):
+    sampler = PromptSampler(records(num), seed=0, shuffle=False)
+    score = score or (lambda samples, record: [float(s.sample_index) for s in samples])
+    return AsyncGenerator(engine, sampler, score, SamplingParams(max_new_tokens=4), n=N,
+                          groups_per_step=per_step, max_staleness=k, groups_in_flight=in_flight,
+                          run_seed=3, advantage_mode="group_norm", advantage_eps=1e-6,
+                          drop_zero_variance=drop, wait_timeout_s=wait)
+
+
+def wait_for(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def test_admission_stops_at_k_plus_one_batches_and_the_in_flight_cap():
+    engine = ScriptedEngine()
+    gen = make(engine, k=2, per_step=3, in_flight=4)
+    try:
+        gen.start()
+        # nobody takes: (k + 1) * B = 9 groups are admitted, then admission waits
+        wait_for(lambda: gen.gauges()["buffer_groups"] == 9)
+        time.sleep(0.3)
+        assert gen.gauges()["buffer_groups"] == 9 and gen.gauges()["in_flight_groups"] == 0
+        assert engine.max_running <= 4
+        groups, _ = gen.take(lambda v: 0)
+        assert len({g.index for g in groups}) == 3 and all(g.index < 9 for g in groups)
+        wait_for(lambda: gen.gauges()["buffer_groups"] == 9)  # room for exactly 3 more
+        assert gen._admitted == 12
+    finally:
+        gen.close()
+
+
+def test_groups_older_than_k_are_dropped_and_counted():
+    engine = ScriptedEngine()
+    gen = make(engine, k=2, per_step=2, in_flight=2)
+    try:
+        gen.start()
+        wait_for(lambda: gen.gauges()["buffer_groups"] == 6)
+        # every buffered group is of version 0; pretend version 0 is 3 RL steps old
+        engine.version = 9
+        groups, _ = gen.take(lambda v: 3 if v == 0 else 0)
+        assert all(g.oldest_version == 9 for g in groups)
+        assert gen.gauges()["dropped_stale_groups"] == 6
+    finally:
+        gen.close()
+
+
+def test_seeds_follow_the_admission_index_and_advantages_are_group_normalised():
+    engine = ScriptedEngine()
+    gen = make(engine, k=2, per_step=2, in_flight=1)
+    try:
+        gen.start()
+        groups, _ = gen.take(lambda v: 0)
+        assert sorted(engine.seeds)[:2] == sorted(group_seed(3, i) for i in (0, 1))
+        for g in groups:
+            assert g.rewards == [0.0, 1.0]
+            assert g.advantages[0] < 0 < g.advantages[1]
+            assert [s.prompt_id for s in g.samples] == [g.record.prompt_id] * N
+    finally:
+        gen.close()
+
+
+def test_equal_rewards_are_dropped_under_dynamic_sampling():
+    engine = ScriptedEngine()
+    gen = make(engine, score=lambda samples, record: [1.0] * len(samples)
+               if record.prompt_id in ("p000", "p002") else [0.0, 1.0], drop=True)
+    try:
+        gen.start()
+        groups, _ = gen.take(lambda v: 0)
+        assert "p000" not in [g.record.prompt_id for g in groups]
+        assert gen.gauges()["dropped_zero_variance_groups"] >= 1
+    finally:
+        gen.close()
+
+
+def test_an_engine_error_ends_take_naming_the_prompt():
+    engine = ScriptedEngine()
+    engine.fail_on = "p001"
+    gen = make(engine)
+    try:
+        gen.start()
+        with pytest.raises(GeneratorFailed, match=r"'p001'.*server exploded"):
+            for _ in range(5):
+                gen.take(lambda v: 0)
+    finally:
+        gen.close()
+
+
+def test_a_stalled_engine_ends_take_after_its_deadline():
+    engine = ScriptedEngine()
+    engine.gate.clear()
+    gen = make(engine, wait=0.5)
+    try:
+        gen.start()
+        t0 = time.monotonic()
+        with pytest.raises(GeneratorFailed, match="no prompt group finished in 0s|stalled"):
+            gen.take(lambda v: 0)
+        assert time.monotonic() - t0 < 5
+    finally:
+        engine.gate.set()
+        gen.close()
+
+
+def test_a_resumed_generator_neither_loses_nor_repeats_a_prompt():
+    engine = ScriptedEngine()
+    gen = make(engine, k=2, per_step=3, in_flight=3)
+    taken: List[str] = []
+    try:
+        gen.start()
+        for _ in range(2):
+            taken += [g.record.prompt_id for g in gen.take(lambda v: 0)[0]]
+        engine.gate.clear()  # the next groups stay in flight
+        wait_for(lambda: gen.gauges()["in_flight_groups"] == 3)
+        state = gen.snapshot()
+        assert len(state["in_flight"]) == 3
+        assert len(state["buffer"]) + len(state["in_flight"]) + len(taken) == state["admitted"]
+    finally:
+        engine.gate.set()
+        gen.close()
+    saved_buffer = [g["record"]["prompt_id"] for g in state["buffer"]]
+    saved_flight = [r["prompt_id"] for _, r in state["in_flight"]]
+
+    engine2 = ScriptedEngine()
+    resumed = make(engine2, k=2, per_step=3, in_flight=3)
+    resumed.restore(state)
+    assert resumed.counters["discarded_in_flight_groups"] == 3
+    try:
+        resumed.start()
+        after: List[str] = []
+        while len(after) < 15:
+            after += [g.record.prompt_id for g in resumed.take(lambda v: 0)[0]]
+    finally:
+        resumed.close()
+    # the buffer's groups come first, the re-generated ones are there, nothing twice, no gap
+    assert after[:len(saved_buffer)] == saved_buffer
+    assert set(saved_flight) <= set(after)
+    everything = taken + after
+    assert len(everything) == len(set(everything))
+    assert sorted(everything) == [f"p{i:03d}" for i in range(len(everything))]
+    # a re-generated group keeps its admission seed
+    flight_indices = [i for i, _ in state["in_flight"]]
+    assert {group_seed(3, i) for i in flight_indices} <= set(engine2.seeds)
