@@ -95,6 +95,8 @@ class AsyncRollouts:
         """The engine now serves the learner's weights after ``trained_steps`` RL steps."""
         self._trained = trained_steps
         self._version_step[int(self.learner.step)] = trained_steps
+        if self.generator is not None:
+            self.generator.synced()
 
     def lag_of(self, version: int) -> int:
         """RL steps the learner has trained since the weights of ``version`` were synced."""

@@ -4,8 +4,10 @@ Time series against the RL step: reward and held-out accuracy, clip fractions (t
 token, sequence), KL(old || new), entropy, response length, expert volatility (MoE) and the spread
 of the sequence log-ratios (all sequences, and per response-length bucket). Two panels summarise
 the whole run per response-length bucket (``algorithms/length_diagnostics.py``): the clip
-fractions, and the histogram of sequence log-ratios ``mean_t(log pi - log pi_old)``. Panels
-without data are left empty, so a dense model or an on-policy run plots too.
+fractions, and the histogram of sequence log-ratios ``mean_t(log pi - log pi_old)``. With
+``rollout.max_staleness >= 2``: the mean token lag, samples spanning versions, the pause per
+sync, dropped groups and the clip fraction by lag. Panels without data are left empty, so a
+dense model or an on-policy run plots too.
 
     plot_history(rows, "runs/x/metrics.png", bin_edges=cfg.algo.diagnostics.log_ratio_bin_edges)
 """
@@ -26,6 +28,12 @@ PANELS = (
     ("expert volatility (MoE)", ("routing/expert_set_changed_frac",
                                  "routing/activated_expert_changed_frac")),
     ("mean |seq log-ratio|", ("train/seq_log_ratio_abs_mean",)),
+    ("asynchrony (max_staleness >= 2)", ("async/lag_mean", "async/multi_version_sample_frac",
+                                         "weight_sync/pause_s")),
+    ("groups dropped per step", ("async/dropped_stale_groups",
+                                 "async/dropped_zero_variance_groups")),
+    ("clipped tokens by lag", tuple(f"train/clip_frac_token_lag{j}" for j in range(4))
+     + ("train/clip_frac_token_lag4plus",)),
 )
 BUCKET = re.compile(r"^train/len_([^/]+)/(.+)$")
 
