@@ -3,6 +3,8 @@ view of a micro-batch (tokens, labels, response positions, full counts, token or
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -181,3 +183,28 @@ def test_packed_layout_pads_each_sequence_and_shares_per_sequence():
     assert torch.equal(share.tokens, fulls[0].tokens[:, cols])
     with pytest.raises(ValueError, match="need Transformer Engine's THD attention"):
         share.causal_block_mask()
+
+
+def test_token_lags_travel_as_int64_in_every_layout_and_cp_share():
+    """Each response token keeps its own lag (asynchronous rollouts: PolicyLossInputs.token_lag),
+    packed, in rows and in both CP ranks' shares, next to its old log-prob."""
+    batch = _cp_batch([7, 12, 9, 5], [3, 4, 3, 2])
+    lags = [torch.arange(batch.response_len(i)) % 3 + 10 * i for i in range(len(batch))]
+    batch = replace(batch, token_lags=[t.tolist() if i % 2 else t for i, t in enumerate(lags)])
+    expected = {(i, k): (int(lags[i][k]), float(batch.old_logprobs[i][k]))
+                for i in range(len(batch)) for k in range(batch.response_len(i))}
+    for layout, cp_size in (("packed", 1), ("rows", 1), ("packed", 2), ("rows", 2)):
+        seen = {}
+        for cp_rank in range(cp_size):
+            plan = plan_step(batch, 0, 1, max_tokens=24, pad_multiple=4, layout=layout,
+                             cp_size=cp_size, cp_rank=cp_rank)
+            for mb in plan.micro_batches:
+                got = mb.extras["token_lags"]
+                assert got.dtype == torch.int64 and got.shape == mb.seq_index.shape
+                for local, idx, lag, old in zip(mb.seq_index.tolist(),
+                                                mb.response_token_index().tolist(), got.tolist(),
+                                                mb.extras["old_logprobs"].tolist()):
+                    seen[(mb.seq_ids[local], idx)] = (lag, old)
+        assert seen == expected, (layout, cp_size)
+    with pytest.raises(ValueError, match=r"token_lags\[0\]: 3 values for 2 response tokens"):
+        SequenceBatch(token_ids=[[1, 2, 3]], prompt_lens=[1], token_lags=[[0, 0, 1]])

@@ -9,6 +9,7 @@ next step's loss and the weights after it. A 4-process run does the same for CP=
 TP=2+SP, PP=2 and EP=2. The reference also checks that dynamic micro-batching by tokens gives the
 gradients of one large micro-batch, and the non-finite guard. The forward-only
 ``LogprobLearner`` gives the Learner's log-probs exactly at TP2 x EP2, and refuses to train.
+What a micro-batch hands the loss (``PolicyLossInputs``, token lags included) is checked alone.
 """
 
 from __future__ import annotations
@@ -256,3 +257,31 @@ def test_logprob_learner_equals_learner_at_tp2_ep2():
         assert lengths == [len(t) - p for t, p in zip(make_batch(0).token_ids,
                                                       make_batch(0).prompt_lens)]
         assert max(gaps) == 0.0, gaps
+
+
+def test_policy_inputs_carry_the_per_token_fields_token_lags_included():
+    """What the learner hands the loss for one micro-batch: each extra of the batch under its
+    PolicyLossInputs name, the lags as int64, and the loss reports the clip fraction by lag."""
+    from types import SimpleNamespace
+
+    from gspo_megatron.algorithms.losses import get_policy_loss
+    from gspo_megatron.algorithms.metrics import metrics_to_floats
+    from gspo_megatron.config.schema import AlgorithmConfig
+    from gspo_megatron.learner.batch import SequenceBatch, plan_step
+    from gspo_megatron.learner.learner import Learner
+
+    batch = SequenceBatch(token_ids=[[1, 2, 3, 4], [5, 6, 7]], prompt_lens=[1, 2],
+                          advantages=[1.0, -1.0],
+                          old_logprobs=[torch.tensor([-1.0, -2.0, -3.0]), torch.tensor([-4.0])],
+                          rollout_logprobs=[torch.tensor([-1.5, -2.0, -3.0]), torch.tensor([-4.0])],
+                          token_lags=[[2, 1, 0], [0]])
+    plan = plan_step(batch, 0, 1, max_tokens=16)
+    (mb,) = plan.micro_batches
+    lp = mb.extras["old_logprobs"].clone().requires_grad_()
+    inputs = Learner._policy_inputs(SimpleNamespace(cp_group=None), mb, plan, lp, None)
+    assert inputs.token_lag.dtype == torch.int64
+    assert torch.equal(inputs.token_lag, mb.extras["token_lags"])
+    assert torch.equal(inputs.rollout_logprobs, mb.extras["rollout_logprobs"])
+    assert sorted(inputs.token_lag.tolist()) == [0, 0, 1, 2]
+    metrics = metrics_to_floats(get_policy_loss("gspo")(inputs, AlgorithmConfig()).metrics)
+    assert metrics["clip_frac_token_lag2"] == 0.0 and "clip_frac_token_lag3" not in metrics

@@ -12,6 +12,7 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from gspo_megatron.algorithms.lag_diagnostics import lag_clip_metrics
 from gspo_megatron.algorithms.length_diagnostics import length_diagnostics
 from gspo_megatron.algorithms.logprobs import sequence_sums
 from gspo_megatron.algorithms.metrics import metric_max, metric_mean, metric_min, metric_rows
@@ -32,7 +33,8 @@ def validate_inputs(inputs: PolicyLossInputs, cfg) -> None:
     n = inputs.logprobs.shape
     named = {"old_logprobs": inputs.old_logprobs, "advantages": inputs.advantages,
              "seq_index": inputs.seq_index, "entropy": inputs.entropy,
-             "ref_logprobs": inputs.ref_logprobs, "rollout_logprobs": inputs.rollout_logprobs}
+             "ref_logprobs": inputs.ref_logprobs, "rollout_logprobs": inputs.rollout_logprobs,
+             "token_lag": inputs.token_lag}
     if inputs.logprobs.dim() != 1:
         raise ValueError(f"PolicyLossInputs.logprobs must be 1-D [num_tokens], got {tuple(n)}")
     for name, t in named.items():
@@ -45,6 +47,7 @@ def validate_inputs(inputs: PolicyLossInputs, cfg) -> None:
         raise ValueError(f"global_num_seqs={inputs.global_num_seqs} and global_num_tokens="
                          f"{inputs.global_num_tokens} must be >= 1")
     _check_counts(inputs)
+    _check_token_lag(inputs.token_lag)
     for name in ("old_logprobs", "advantages", "ref_logprobs", "rollout_logprobs"):
         t = named[name]
         if t is not None and not bool(torch.isfinite(t).all()):
@@ -78,6 +81,17 @@ def _check_counts(inputs: PolicyLossInputs) -> None:
                          f"says {int(counts[i])}")
 
 
+def _check_token_lag(lag: Optional[torch.Tensor]) -> None:
+    if lag is None:
+        return
+    if lag.dtype.is_floating_point or lag.dtype.is_complex or lag.dtype == torch.bool:
+        raise ValueError(f"PolicyLossInputs.token_lag must hold integers (int64), got {lag.dtype}")
+    if lag.numel() and int(lag.min()) < 0:
+        bad = int((lag < 0).nonzero()[0])
+        raise ValueError(f"PolicyLossInputs.token_lag is {int(lag[bad])} at token {bad}; a lag "
+                         "(learner version minus the token's version) is >= 0")
+
+
 def seq_mean(values: torch.Tensor, inputs: PolicyLossInputs, over_cp: bool = True) -> torch.Tensor:
     """``[num_seqs]`` per-sequence ``sum / full length`` (the full length counts all CP ranks)."""
     group = inputs.cp_group if over_cp else None
@@ -101,6 +115,9 @@ def tis_weights(inputs: PolicyLossInputs, cfg) -> Tuple[Optional[torch.Tensor], 
 
     Sequence level uses the length-normalised ratio ``exp(mean_t(old - rollout))`` (as GSPO's
     Eq. 7 does): ``exp(sum)`` would collapse toward 0 or explode on long responses.
+    With stale rollouts ``old`` is the proximal policy and ``rollout`` the behaviour policy (each
+    token's own weight version), and this is the decoupled objective's behaviour weight
+    (``docs/algorithms.md``, "Stale rollouts").
     """
     if not cfg.tis.enabled:
         return None, {}
@@ -156,8 +173,9 @@ def common_metrics(inputs: PolicyLossInputs) -> Metrics:
 def clip_metrics(low_tok: torch.Tensor, high_tok: torch.Tensor, inputs: PolicyLossInputs,
                  ratio: torch.Tensor, seq_log_ratio: torch.Tensor, cfg) -> Metrics:
     """Clipped fractions (tokens whose gradient clipping removed, low / high side separately;
-    sequences with any such token), the min / mean / max of the clipped ratio, and the same by
-    response length with the sequence log-ratios ``[num_seqs]`` (``length_diagnostics.py``)."""
+    sequences with any such token), the min / mean / max of the clipped ratio, the same by
+    response length with the sequence log-ratios ``[num_seqs]`` (``length_diagnostics.py``),
+    and by policy lag when ``inputs.token_lag`` is given (``lag_diagnostics.py``)."""
     clipped = (low_tok | high_tok).double()
     per_seq = sequence_sums(clipped, inputs.seq_index, inputs.num_seqs, inputs.cp_group) > 0
     ratio = ratio.detach().double()
@@ -171,4 +189,7 @@ def clip_metrics(low_tok: torch.Tensor, high_tok: torch.Tensor, inputs: PolicyLo
     out.update(ratio_min=metric_min(ratio), ratio_max=metric_max(ratio))
     out.update(length_diagnostics(seq_log_ratio, per_seq, clipped > 0, inputs.seq_token_counts,
                                   inputs.seq_index, cfg.diagnostics))
+    if inputs.token_lag is not None:
+        out.update(lag_clip_metrics(clipped > 0, per_seq, inputs.token_lag, inputs.seq_index,
+                                    inputs.cp_group))
     return out

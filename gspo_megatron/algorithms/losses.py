@@ -25,6 +25,12 @@ Options for the policy losses: a k3 KL penalty to the reference policy (``kl_coe
 (``entropy_coef``), both aggregated like the policy term, and truncated importance sampling
 ``min(pi_old / pi_rollout, C)`` (``tis``) multiplying the policy term's gradient of each token.
 
+Stale rollouts (``rollout.max_staleness``): ``old_logprobs`` are the proximal policy's (the
+learner's weights before this update) and ``rollout_logprobs`` the behaviour policy's (each token's
+own weight version), so ``tis`` is the behaviour weight of the decoupled objective; at sequence
+level ``gspo`` is exactly ``-(1/G) sum_i w_i min(s_i A_i, clip(s_i) A_i)`` with
+``w_i = min(exp(mean_t(old_t - rollout_t)), C)`` in value and gradient (``docs/algorithms.md``).
+
 Normalisation: the loss divides by the global mini-batch count (``global_num_seqs`` or
 ``global_num_tokens``), so summing the gradients of all micro-batches and ranks gives the
 mini-batch gradient. Under context parallelism the loss *value* on each CP rank is that rank's

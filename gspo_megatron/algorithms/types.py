@@ -32,7 +32,10 @@ class PolicyLossInputs:
     logprobs: torch.Tensor
     """Current-policy log-probs of the sampled tokens (requires grad)."""
     old_logprobs: torch.Tensor
-    """Log-probs under the policy that generated the rollout (learner-recomputed or engine's)."""
+    """Log-probs under pi_old, the centre of the clip range: the learner's recomputation under
+    its weights before this update (the proximal policy; ``old_logprob_source=learner``), or the
+    engine's (``rollout``). With stale rollouts only the former is a single policy
+    (``docs/algorithms.md``, "Stale rollouts")."""
     advantages: torch.Tensor
     """Per-token advantages; constant within a sequence for sequence-level advantages."""
     seq_index: torch.Tensor
@@ -50,9 +53,14 @@ class PolicyLossInputs:
     ref_logprobs: Optional[torch.Tensor] = None
     """Reference-policy log-probs (needed when ``kl_coef > 0``)."""
     rollout_logprobs: Optional[torch.Tensor] = None
-    """Rollout-engine log-probs: truncated IS correction and mismatch metrics."""
+    """The behaviour log-probs: the engine's log-prob of each token as it was sampled (for a
+    rollout continued across weight updates, each token's own version's, concatenated). Used by
+    the truncated IS / behaviour weight (``algo.tis``) and the mismatch metrics."""
     cp_group: Optional[object] = None
     """Context-parallel process group; None when sequences are whole on this rank."""
+    token_lag: Optional[torch.Tensor] = None
+    """int64, >= 0: the learner's version at this update minus the weight version that
+    generated each token (0: on-policy). Metrics only: the clip fraction by lag."""
 
 
 @dataclass

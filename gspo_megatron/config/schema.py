@@ -163,13 +163,17 @@ class DynamicSamplingConfig:
 
 @dataclass
 class TISConfig:
-    """Truncated importance sampling against the rollout engine's log-probs."""
+    """Truncated importance sampling against the rollout engine's log-probs. With stale rollouts
+    (``rollout.max_staleness``) it is the decoupled objective's behaviour weight
+    ``min(pi_prox / pi_behaviour, C)``; disabled, the uncorrected ablation
+    (``docs/algorithms.md``, "Stale rollouts")."""
 
     enabled: bool = False
     level: str = "token"
     """``token`` or ``sequence``."""
     cap: float = 2.0
-    """C in ``min(pi_old / pi_rollout, C)``."""
+    """C in ``min(pi_old / pi_rollout, C)``; ``sequence`` level uses the length-normalised ratio
+    ``exp(mean_t(old_t - rollout_t))``."""
 
 
 @dataclass

@@ -51,6 +51,9 @@ from gspo_megatron.learner.packing import pack_by_tokens, split_across_dp
 
 TokenList = Union[Sequence[int], torch.Tensor]
 
+_PER_TOKEN_FIELDS = ("old_logprobs", "rollout_logprobs", "ref_logprobs", "token_lags")
+"""SequenceBatch fields with exactly one value per response token of every sequence."""
+
 
 @dataclass
 class SequenceBatch:
@@ -72,12 +75,16 @@ class SequenceBatch:
     """R3: per sequence, int16 ``[length - 1, layers, top_k]``, the experts the rollout engine
     routed positions ``0 .. length - 2`` to (``rollout/routed_experts.py``); the micro-batches
     carry them in their own layout (``MicroBatch.routing``)."""
+    token_lags: Optional[List[TokenList]] = None
+    """Per sequence, int64 ``[response_len]``: the learner's weight version at this update minus
+    the version that generated each response token (asynchronous rollouts; metrics only:
+    ``PolicyLossInputs.token_lag``)."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
         if len(self.prompt_lens) != n:
             raise ValueError(f"SequenceBatch: {n} sequences but {len(self.prompt_lens)} prompt_lens")
-        for name in ("advantages", "old_logprobs", "rollout_logprobs", "ref_logprobs"):
+        for name in ("advantages", *_PER_TOKEN_FIELDS):
             values = getattr(self, name)
             if values is not None and len(values) != n:
                 raise ValueError(f"SequenceBatch.{name}: {len(values)} entries for {n} sequences")
@@ -86,7 +93,7 @@ class SequenceBatch:
             if not 1 <= prompt < length:
                 raise ValueError(f"SequenceBatch: sequence {i} has prompt_len {prompt} and "
                                  f"length {length}; need 1 <= prompt_len < length")
-            for name in ("old_logprobs", "rollout_logprobs", "ref_logprobs"):
+            for name in _PER_TOKEN_FIELDS:
                 values = getattr(self, name)
                 if values is not None and len(values[i]) != length - prompt:
                     raise ValueError(f"SequenceBatch.{name}[{i}]: {len(values[i])} values for "
@@ -148,7 +155,8 @@ class MicroBatch:
     """int64 [N]: local sequence index (0..num_seqs-1) of each response token."""
     num_real_tokens: int
     extras: dict = field(default_factory=dict)
-    """Per-response-token tensors [N] gathered from the batch: advantages, old_logprobs, ..."""
+    """Per-response-token tensors [N] gathered from the batch (:data:`EXTRA_KEYS`): advantages,
+    old_logprobs, ... (fp32), token_lags (int64)."""
     layout: str = "packed"
     cu_seqlens_padded: Optional[torch.Tensor] = None
     """int32 [num_seqs + 2]: packed boundaries with every sequence padded to a multiple of
@@ -210,15 +218,23 @@ def _as_tensor(values, dtype) -> torch.Tensor:
     return torch.tensor(list(values), dtype=dtype)
 
 
-EXTRA_KEYS = ("advantages", "old_logprobs", "rollout_logprobs", "ref_logprobs")
+EXTRA_KEYS = ("advantages", "old_logprobs", "rollout_logprobs", "ref_logprobs", "token_lags")
 """Per-response-token fields of a SequenceBatch that travel into ``MicroBatch.extras``."""
+
+_EXTRA_DTYPES = {"token_lags": torch.int64}
+"""Extras that are not fp32."""
 
 
 def _extra_values(batch: SequenceBatch, key: str, i: int) -> torch.Tensor:
-    """fp32 ``[response_len(i)]`` values of ``key`` for sequence ``i``."""
+    """``[response_len(i)]`` values of ``key`` for sequence ``i`` (fp32 but for
+    :data:`_EXTRA_DTYPES`)."""
     if key == "advantages":
         return _per_token_advantage(batch, i)
-    return _as_tensor(getattr(batch, key)[i], torch.float32)
+    return _as_tensor(getattr(batch, key)[i], _EXTRA_DTYPES.get(key, torch.float32))
+
+
+def _cat_extras(extras: dict) -> dict:
+    return {k: _cat(v, _EXTRA_DTYPES.get(k, torch.float32)) for k, v in extras.items()}
 
 
 def _cat(parts: List[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
@@ -288,7 +304,7 @@ def build_micro_batch(batch: SequenceBatch, seq_ids: List[int], padded_len: int,
         cu_seqlens=torch.tensor(real, dtype=torch.int32),
         response_positions=_cat(positions, torch.int64), seq_index=_cat(seq_index, torch.int64),
         num_real_tokens=sum(seq_lengths),
-        extras={k: _cat(v, torch.float32) for k, v in extras.items()},
+        extras=_cat_extras(extras),
         cu_seqlens_padded=torch.tensor(bounds, dtype=torch.int32) if seq_multiple > 1 else None,
         routing=_routing_grid(batch, [(i, 0, bounds[k]) for k, i in enumerate(seq_ids)], 1,
                               padded_len))
@@ -318,7 +334,7 @@ def build_row_micro_batch(batch: SequenceBatch, seq_ids: List[int], num_rows: in
         position_ids=torch.arange(row_len).expand(num_rows, row_len).clone(),
         cu_seqlens=torch.arange(0, (num_rows + 1) * row_len, row_len, dtype=torch.int32),
         response_positions=_cat(positions, torch.int64), seq_index=_cat(seq_index, torch.int64),
-        num_real_tokens=real, extras={k: _cat(v, torch.float32) for k, v in extras.items()},
+        num_real_tokens=real, extras=_cat_extras(extras),
         layout="rows",
         routing=_routing_grid(batch, [(i, row, 0) for row, i in enumerate(seq_ids)], num_rows,
                               row_len))

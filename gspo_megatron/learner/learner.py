@@ -255,7 +255,8 @@ class Learner:
             seq_token_counts=counts, global_num_seqs=plan.global_num_seqs,
             global_num_tokens=plan.global_num_tokens, entropy=ent,
             ref_logprobs=extras.get("ref_logprobs"),
-            rollout_logprobs=extras.get("rollout_logprobs"), cp_group=self.cp_group)
+            rollout_logprobs=extras.get("rollout_logprobs"), cp_group=self.cp_group,
+            token_lag=extras.get("token_lags"))
 
     def forward_backward(self, mini_batch: SequenceBatch, loss_fn: LossFn,
                          temperature: Optional[float] = None,

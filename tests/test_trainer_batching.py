@@ -1,0 +1,51 @@
+"""Rollouts as the learner's SequenceBatch: every token's policy lag from the samples' weight
+versions (a partial rollout spans several), and mini-batches that keep every per-sequence field."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gspo_megatron.rollout.types import Sample
+from gspo_megatron.trainer.batching import (rollout_to_sequence_batch, split_mini_batches,
+                                            take_sequences, token_lags)
+from gspo_megatron.trainer.rollout_step import ScoredRollout
+
+
+def _sample(index: int, versions, prompt=(1, 2)) -> Sample:
+    n = len(versions) if versions is not None else 3
+    return Sample(prompt_id="p", sample_index=index, prompt_token_ids=list(prompt),
+                  response_token_ids=list(range(3, 3 + n)), response_logprobs=[-0.5] * n,
+                  finish_reason="stop", latency_s=0.0, token_versions=versions)
+
+
+def test_token_lags_of_whole_and_partial_rollouts():
+    samples = [_sample(0, [7, 7, 7]), _sample(1, [5, 5, 6, 7, 7]), _sample(2, [7])]
+    lags = token_lags(samples, trained_version=7)
+    assert [t.tolist() for t in lags] == [[0, 0, 0], [2, 2, 1, 0, 0], [0]]
+    assert all(t.dtype == torch.int64 for t in lags)
+
+
+def test_token_lags_refuse_what_cannot_be_a_lag():
+    with pytest.raises(ValueError, match=r"sample \('p', 0\) has no token_versions for 3"):
+        token_lags([_sample(0, None)], 4)
+    bad = _sample(1, [4, 4])
+    bad.response_token_ids.append(9)
+    with pytest.raises(ValueError, match=r"sample \('p', 1\) has 2 token_versions for 3"):
+        token_lags([bad], 4)
+    with pytest.raises(ValueError, match=r"sample \('p', 2\) has a token of weight version 5, "
+                                         r"newer than the version being trained \(4\)"):
+        token_lags([_sample(2, [4, 5])], 4)
+
+
+def test_rollout_batch_carries_lags_through_mini_batches():
+    samples = [_sample(i, [3 - i % 2] * (2 + i)) for i in range(4)]
+    rollout = ScoredRollout(samples=samples, rewards=[0.0] * 4, advantages=[1.0, -1.0, 0.5, 0.0])
+    assert rollout_to_sequence_batch(rollout).token_lags is None  # on-policy: not asked for
+    batch = rollout_to_sequence_batch(rollout, trained_version=3)
+    assert [t.tolist() for t in batch.token_lags] == [[0, 0], [1, 1, 1], [0] * 4, [1] * 5]
+    minis = split_mini_batches(batch, 2)
+    assert [t.tolist() for t in minis[1].token_lags] == [[0] * 4, [1] * 5]
+    picked = take_sequences(batch, [3, 0])
+    assert [t.tolist() for t in picked.token_lags] == [[1] * 5, [0, 0]]
+    assert picked.advantages == [0.0, 1.0] and picked.rollout_logprobs[0].numel() == 5
