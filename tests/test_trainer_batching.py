@@ -19,30 +19,42 @@ def _sample(index: int, versions, prompt=(1, 2)) -> Sample:
                   finish_reason="stop", latency_s=0.0, token_versions=versions)
 
 
+STEP_OF = {5: 1, 6: 2, 7: 3}
+"""Weight version (optimizer steps) -> RL steps trained when it was synced (2 updates per step
+from version 5 on, as with ``batch.num_mini_batches=2``)."""
+
+
+def lag_to(trained: int):
+    return lambda version: trained - STEP_OF[version]
+
+
 def test_token_lags_of_whole_and_partial_rollouts():
     samples = [_sample(0, [7, 7, 7]), _sample(1, [5, 5, 6, 7, 7]), _sample(2, [7])]
-    lags = token_lags(samples, trained_version=7)
-    assert [t.tolist() for t in lags] == [[0, 0, 0], [2, 2, 1, 0, 0], [0]]
-    assert all(t.dtype == torch.int64 for t in lags)
+    assert token_lags(samples, lag_to(3)) == [[0, 0, 0], [2, 2, 1, 0, 0], [0]]
+    one = _sample(3, None)  # an engine without per-token versions: its one weight version
+    one.weight_version = "6"
+    assert token_lags([one], lag_to(3)) == [[1, 1, 1]]
 
 
 def test_token_lags_refuse_what_cannot_be_a_lag():
-    with pytest.raises(ValueError, match=r"sample \('p', 0\) has no token_versions for 3"):
-        token_lags([_sample(0, None)], 4)
+    with pytest.raises(ValueError, match=r"sample \('p', 0\) has no weight version for 3"):
+        token_lags([_sample(0, None)], lag_to(3))
     bad = _sample(1, [4, 4])
     bad.response_token_ids.append(9)
     with pytest.raises(ValueError, match=r"sample \('p', 1\) has 2 token_versions for 3"):
-        token_lags([bad], 4)
-    with pytest.raises(ValueError, match=r"sample \('p', 2\) has a token of weight version 5, "
-                                         r"newer than the version being trained \(4\)"):
-        token_lags([_sample(2, [4, 5])], 4)
+        token_lags([bad], lag_to(3))
+    with pytest.raises(ValueError, match=r"sample \('p', 2\) has a token of weight version 7, "
+                                         r"newer than the weights being trained"):
+        token_lags([_sample(2, [6, 7])], lag_to(2))
 
 
 def test_rollout_batch_carries_lags_through_mini_batches():
     samples = [_sample(i, [3 - i % 2] * (2 + i)) for i in range(4)]
     rollout = ScoredRollout(samples=samples, rewards=[0.0] * 4, advantages=[1.0, -1.0, 0.5, 0.0])
     assert rollout_to_sequence_batch(rollout).token_lags is None  # on-policy: not asked for
-    batch = rollout_to_sequence_batch(rollout, trained_version=3)
+    rollout.token_lags = [[3 - v for v in s.token_versions] for s in samples]
+    batch = rollout_to_sequence_batch(rollout)
+    assert all(t.dtype == torch.int64 for t in batch.token_lags)
     assert [t.tolist() for t in batch.token_lags] == [[0, 0], [1, 1, 1], [0] * 4, [1] * 5]
     minis = split_mini_batches(batch, 2)
     assert [t.tolist() for t in minis[1].token_lags] == [[0] * 4, [1] * 5]

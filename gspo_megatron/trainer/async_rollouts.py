@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, List, Optional
 from gspo_megatron.data.records import PromptRecord
 from gspo_megatron.rollout.types import Sample, SamplingParams
 from gspo_megatron.trainer.async_generator import AsyncGenerator, FinishedGroup, sample_versions
+from gspo_megatron.trainer.batching import token_lags
 from gspo_megatron.trainer.rollout_pipeline import ReadyRollout, _broadcast
 from gspo_megatron.trainer.rollout_step import ScoredRollout, _eos_ids
 
@@ -136,7 +137,7 @@ class AsyncRollouts:
             out.rewards.extend(g.rewards)
             out.advantages.extend(g.advantages)
             out.group_rewards[g.record.prompt_id] = list(g.rewards)
-            out.token_lags.extend([self.lag_of(v) for v in sample_versions(s)] for s in g.samples)
+            out.token_lags.extend(token_lags(g.samples, self.lag_of))
         out.num_prompts_drawn = len(groups)
         out.metrics = self._metrics(out)
         return out
