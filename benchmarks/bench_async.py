@@ -1,0 +1,297 @@
+#!/usr/bin/env python
+"""Asynchronous rollouts against the real SGLang CPU server: speed by staleness k, and learning.
+
+    make sglang-venv && .venv/bin/python benchmarks/bench_async.py speed  [--ks 0 1 2 4] [--num-steps 12]
+    .venv/bin/python benchmarks/bench_async.py parity [--seeds 1 2 3] [--num-steps 40]
+    .venv/bin/python benchmarks/bench_async.py doc      # docs/async_rollouts.md from the results
+
+**speed**: for each workload (``uniform``: the tiny addition task, responses of 2-4 tokens;
+``longtail``: the repeat task of ``configs/tiny_longtail.yaml``, answers of 2-30+ tokens), one
+cold start (embedded engine, the config's SFT) is exported, then ``gspo-train`` runs
+``--num-steps`` GSPO steps from it once per k, one run after the other on the same machine,
+against a real SGLang 0.5.23 server on CPU that the trainer launches (weights through a gloo
+broadcast after every update). Every column does the same work per step: 32 prompts x 8
+samples, the learner's old-log-prob pass (``algo.old_logprob_source=learner``), 4 mini-batches.
+Thread split, the same for every column: the trainer and the server each run torch with one
+thread (``OMP_NUM_THREADS=1``) on a 2-core machine. Steps/s and trained tokens/s are taken over
+the steps after ``--warmup-steps`` (the first steps fill the pipeline); where the time goes:
+the mean per step of the rollout wait, the old-log-prob pass, the update and the weight sync
+(of which the servers' pause).
+
+**parity**: held-out accuracy of the tiny task after ``--num-steps`` GSPO steps from each seed's
+cold start, for k = 0, 1, 2, 4 with the decoupled objective (``algo.tis`` at sequence level,
+cap 2) and for k = 4 without the behaviour weight; the spread over seeds.
+
+Results go to ``benchmarks/results/async.json`` (each part replaces its own entries) and the doc
+is written from that file. Exit codes: 0 done, 1 a run failed (its log is named), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+SGLANG_PYTHON = REPO / ".venv-sglang" / "bin" / "python"
+RESULTS = REPO / "benchmarks" / "results" / "async.json"
+DOC = REPO / "docs" / "async_rollouts.md"
+WORKLOADS = {"uniform": "tiny_cpu.yaml", "longtail": "tiny_longtail.yaml"}
+ASSET_TASKS = {"uniform": [], "longtail": ["--task", "repeat"]}
+THREADS = "1"
+"""torch threads of the trainer and of the server it launches (OMP_NUM_THREADS), every column."""
+REAL_SERVER = ["rollout.engine=sglang", "rollout.mode=disaggregated", "rollout.sglang.device=cpu",
+               f"rollout.sglang.python={SGLANG_PYTHON}", "rollout.sglang.max_total_tokens=16384",
+               "rollout.weight_sync.transport=nccl", "rollout.weight_sync.master_address=127.0.0.1"]
+QUIET = ["logging.wandb.enabled=false", "logging.plot=false", "checkpoint.save_every_steps=0",
+         "algo.old_logprob_source=learner"]
+
+
+def staleness_overrides(k: int, corrected: bool = True) -> List[str]:
+    """The column's settings: k, and the behaviour weight for k >= 2 (unless ``corrected`` is
+    off, the ablation)."""
+    out = [f"rollout.max_staleness={k}"]
+    if k >= 2 and corrected:
+        out += ["algo.tis.enabled=true", "algo.tis.level=sequence", "algo.tis.cap=2.0"]
+    return out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _train(config: str, run_dir: Path, overrides: Sequence[str]) -> List[dict]:
+    """One ``gspo-train`` in its own process; its metrics rows. RuntimeError naming the log."""
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir.with_suffix(".log")
+    env = dict(os.environ, OMP_NUM_THREADS=THREADS, PYTHONPATH=str(REPO))
+    cmd = [sys.executable, "-m", "gspo_megatron.cli.train", str(REPO / "configs" / config),
+           f"logging.run_dir={run_dir}", *QUIET, *overrides]
+    with open(log_path, "wb") as log:
+        code = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=3600).returncode
+    if code != 0:
+        raise RuntimeError(f"{run_dir.name} exited {code}: see {log_path}")
+    return [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+
+
+def _assets(out: Path, workload: str) -> Path:
+    target = out / f"assets_{workload}"
+    if not (target / "model" / "config.json").exists():
+        subprocess.run([sys.executable, str(REPO / "tools" / "make_tiny_assets.py"), str(target),
+                        *ASSET_TASKS[workload]], check=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    return target
+
+
+def _cold_start(out: Path, workload: str, seed: int) -> Path:
+    """The config's SFT on the embedded engine, exported: every column starts from it."""
+    assets = _assets(out, workload)
+    run_dir = out / f"{workload}_sft_seed{seed}"
+    export = run_dir / "hf_export"
+    if not (export / "config.json").exists():
+        _train(WORKLOADS[workload], run_dir, [
+            f"model.hf_path={assets / 'model'}", f"data.train_path={assets / 'data' / 'train.jsonl'}",
+            f"data.eval_path={assets / 'data' / 'eval.jsonl'}", f"trainer.seed={seed}",
+            "trainer.num_steps=0"])
+    return export
+
+
+def _from_cold_start(out: Path, workload: str, seed: int) -> List[str]:
+    assets = _assets(out, workload)
+    return [f"model.hf_path={_cold_start(out, workload, seed)}",
+            f"data.train_path={assets / 'data' / 'train.jsonl'}",
+            f"data.eval_path={assets / 'data' / 'eval.jsonl'}", "trainer.num_sft_steps=0",
+            f"trainer.seed={seed}"]
+
+
+def _mean(rows: List[dict], key: str) -> float:
+    values = [r[key] for r in rows if key in r]
+    return statistics.fmean(values) if values else 0.0
+
+
+def speed_row(rows: List[dict], warmup: int) -> Dict[str, float]:
+    """Steps/s, trained tokens/s and the time split over the steps after ``warmup``."""
+    steps = [r for r in rows if r["step"] > warmup and "time/step_s" in r]
+    if not steps:
+        raise ValueError(f"no step after the {warmup} warm-up steps")
+    seconds = sum(r["time/step_s"] for r in steps)
+    tokens = sum(r["rollout/num_sequences"] * r["rollout/response_len_mean"] for r in steps)
+    lengths = [r["rollout/response_len_max"] for r in steps]
+    return {"steps": len(steps), "seconds": seconds, "steps_per_s": len(steps) / seconds,
+            "tokens_per_s": tokens / seconds, "response_len_mean": _mean(steps, "rollout/response_len_mean"),
+            "response_len_max": max(lengths),
+            "wait_s": _mean(steps, "time/rollout_wait_s"), "old_logprobs_s": _mean(steps, "time/old_logprobs_s"),
+            "update_s": _mean(steps, "time/update_s"), "sync_s": _mean(steps, "time/weight_sync_s"),
+            "pause_s": _mean(steps, "weight_sync/pause_s"), "lag_mean": _mean(steps, "async/lag_mean"),
+            "multi_version_frac": _mean(steps, "async/multi_version_sample_frac"),
+            "dropped_stale": sum(r.get("async/dropped_stale_groups", 0.0) for r in steps),
+            "reward_mean": _mean(steps, "reward/mean")}
+
+
+def run_speed(args) -> List[dict]:
+    out: List[dict] = []
+    for workload in args.workloads:
+        base = _from_cold_start(args.out, workload, args.seed)
+        for k in args.ks:
+            run_dir = args.out / f"speed_{workload}_k{k}"
+            rows = _train(WORKLOADS[workload], run_dir, [
+                *base, *REAL_SERVER, f"rollout.sglang.port={_free_port()}",
+                f"trainer.num_steps={args.num_steps}", f"trainer.eval_every_steps=0",
+                *staleness_overrides(k)])
+            out.append({"workload": workload, "k": k, **speed_row(rows, args.warmup_steps)})
+            print(json.dumps(out[-1]), flush=True)
+    return out
+
+
+PARITY_COLUMNS = [("k=0", 0, True), ("k=1", 1, True), ("k=2", 2, True), ("k=4", 4, True),
+                  ("k=4, no behaviour weight", 4, False)]
+
+
+def run_parity(args) -> List[dict]:
+    out: List[dict] = []
+    for seed in args.seeds:
+        base = _from_cold_start(args.out, "uniform", seed)
+        for label, k, corrected in PARITY_COLUMNS:
+            run_dir = args.out / f"parity_seed{seed}_k{k}{'' if corrected else '_uncorrected'}"
+            rows = _train(WORKLOADS["uniform"], run_dir, [
+                *base, *REAL_SERVER, f"rollout.sglang.port={_free_port()}",
+                f"trainer.num_steps={args.num_steps}", f"trainer.eval_every_steps={args.num_steps}",
+                *staleness_overrides(k, corrected)])
+            steps = [r for r in rows if r["step"] >= 1]
+            out.append({"column": label, "seed": seed, "acc_start": rows[0].get("eval/accuracy"),
+                        "acc_end": rows[-1]["eval/accuracy"],
+                        "reward_last10": statistics.fmean(r["reward/mean"] for r in steps[-10:]),
+                        "clip_frac_seq": _mean(steps, "train/clip_frac_seq"),
+                        "tis_weight_mean": _mean(steps, "train/tis_weight_mean")})
+            print(json.dumps(out[-1]), flush=True)
+    return out
+
+
+def _conditions(argv: Sequence[str], started: float, load_start: float) -> dict:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    return {"command": "python benchmarks/bench_async.py " + " ".join(argv),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": commit, "cpus": os.cpu_count(), "machine": platform.machine(),
+            "load_start": load_start, "load_end": os.getloadavg()[0],
+            "minutes": (time.time() - started) / 60, "threads": THREADS}
+
+
+def write_doc(results: dict, doc: Path) -> str:
+    """docs/async_rollouts.md from the results file (the parts it holds)."""
+    lines = ["# Asynchronous rollouts: speed by staleness and learning parity (measured)", "",
+             "Written by `benchmarks/bench_async.py doc` from `benchmarks/results/async.json`; "
+             "each part names the command, commit and machine that measured it. Design and the "
+             "objective: docs/rollout.md (partial rollouts), docs/algorithms.md (stale rollouts).",
+             ""]
+    speed = results.get("speed")
+    if speed:
+        c = speed["conditions"]
+        lines += ["## Speed against the real SGLang server", "",
+                  f"`{c['command']}` on {c['date']}, commit `{c['commit']}`, {c['cpus']} CPUs "
+                  f"(load {c['load_start']:.1f} at the start, {c['load_end']:.1f} at the end), "
+                  f"{c['minutes']:.0f} min. One real SGLang 0.5.23 CPU server launched by the "
+                  f"trainer; trainer and server each with {c['threads']} torch thread; 32 prompts "
+                  "x 8 samples, learner old log-probs, 4 mini-batches per step; every column from "
+                  "the same cold start, one after the other. Steps after the first "
+                  f"{speed['warmup_steps']} of {speed['num_steps']}.", "",
+                  "| workload | k | steps/s | vs k=0 | trained tokens/s | response len mean / max "
+                  "| wait s | old log-probs s | update s | sync s (pause) | mean lag | spanning "
+                  "versions | dropped too old |",
+                  "|---|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|"]
+        for w in dict.fromkeys(r["workload"] for r in speed["rows"]):
+            rows = [r for r in speed["rows"] if r["workload"] == w]
+            base = next((r["steps_per_s"] for r in rows if r["k"] == 0), None)
+            for r in rows:
+                ratio = f"{r['steps_per_s'] / base:.2f}x" if base else "-"
+                lines.append(
+                    f"| {w} | {r['k']} | {r['steps_per_s']:.3f} | {ratio} | {r['tokens_per_s']:.0f} "
+                    f"| {r['response_len_mean']:.1f} / {r['response_len_max']:.0f} | {r['wait_s']:.2f} "
+                    f"| {r['old_logprobs_s']:.2f} | {r['update_s']:.2f} | {r['sync_s']:.2f} "
+                    f"({r['pause_s']:.2f}) | {r['lag_mean']:.2f} | {r['multi_version_frac']:.2f} "
+                    f"| {r['dropped_stale']:.0f} |")
+        lines.append("")
+    parity = results.get("parity")
+    if parity:
+        c = parity["conditions"]
+        lines += ["## Learning parity (tiny addition task)", "",
+                  f"`{c['command']}` on {c['date']}, commit `{c['commit']}`, {c['cpus']} CPUs. "
+                  f"{parity['num_steps']} GSPO steps against the real server from each seed's cold "
+                  "start; held-out greedy accuracy on the 200 eval problems.", "",
+                  "| column | " + " | ".join(f"seed {s}" for s in parity["seeds"])
+                  + " | median | spread | mean clipped seq frac | mean behaviour weight |",
+                  "|---|" + "---:|" * (len(parity["seeds"]) + 4)]
+        for label, _, _ in PARITY_COLUMNS:
+            rows = [r for r in parity["rows"] if r["column"] == label]
+            if not rows:
+                continue
+            acc = [100 * r["acc_end"] for r in rows]
+            lines.append(f"| {label} | " + " | ".join(f"{a:.1f}%" for a in acc)
+                         + f" | {statistics.median(acc):.1f}% | {min(acc):.1f}-{max(acc):.1f}% "
+                         f"| {_mean(rows, 'clip_frac_seq'):.3f} | {_mean(rows, 'tis_weight_mean'):.3f} |")
+        starts = [100 * r["acc_start"] for r in parity["rows"] if r["column"] == "k=0"
+                  and r["acc_start"] is not None]
+        if starts:
+            lines += ["", "Accuracy after the cold start, per seed: "
+                      + ", ".join(f"{a:.1f}%" for a in starts) + "."]
+        lines.append("")
+    text = "\n".join(lines)
+    doc.write_text(text)
+    return text
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("part", choices=("speed", "parity", "doc"))
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2, 4])
+    parser.add_argument("--num-steps", type=int, default=None)
+    parser.add_argument("--warmup-steps", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1, help="speed: the cold start's seed")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="parity")
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench_async")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--doc", type=Path, default=DOC)
+    args = parser.parse_args(argv)
+    results = json.loads(args.results.read_text()) if args.results.exists() else {}
+    if args.part != "doc":
+        if not SGLANG_PYTHON.exists():
+            print(f"error: {SGLANG_PYTHON} is missing; run `make sglang-venv`", file=sys.stderr)
+            return 2
+        args.out.mkdir(parents=True, exist_ok=True)
+        started, load = time.time(), os.getloadavg()[0]
+        try:
+            if args.part == "speed":
+                args.num_steps = args.num_steps or 12
+                rows = run_speed(args)
+                results["speed"] = {"rows": rows, "num_steps": args.num_steps,
+                                    "warmup_steps": args.warmup_steps}
+            else:
+                args.num_steps = args.num_steps or 40
+                rows = run_parity(args)
+                results["parity"] = {"rows": rows, "num_steps": args.num_steps, "seeds": args.seeds}
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        results[args.part]["conditions"] = _conditions(argv, started, load)
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        args.results.write_text(json.dumps(results, indent=1) + "\n")
+    print(write_doc(results, args.doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
