@@ -115,6 +115,8 @@ class AsyncGenerator:
         self._in_flight: Dict[int, PromptRecord] = {}
         self._buffer: List[FinishedGroup] = []
         self._taken_since_sync = 0
+        self._events: List[list] = []
+        """Dropped groups since :meth:`drain_events`: ``[index, prompt_id, reason]``."""
         self._error: Optional[BaseException] = None
         self._stop = False
         self.counters: Dict[str, float] = {"dropped_stale_groups": 0.0,
@@ -180,7 +182,8 @@ class AsyncGenerator:
                 return
             if group is None:
                 self.counters["dropped_zero_variance_groups"] += 1
-            elif not self._stop:
+                self._events.append([index, record.prompt_id, "equal_rewards"])
+            else:  # after close() too: the ledger names it as left unfinished
                 self._buffer.append(group)
             self.lock.notify_all()
 
@@ -216,6 +219,7 @@ class AsyncGenerator:
                     group = self._buffer.pop(0)
                     if lag_of(group.oldest_version) > self.max_staleness:
                         self.counters["dropped_stale_groups"] += 1
+                        self._events.append([group.index, group.record.prompt_id, "too_old"])
                         continue
                     taken.append(group)
                     if len(taken) == self.groups_per_step:
@@ -240,6 +244,20 @@ class AsyncGenerator:
         with self.lock:
             self._taken_since_sync = 0
             self.lock.notify_all()
+
+    def drain_events(self) -> List[list]:
+        """The groups dropped since the last call, ``[index, prompt_id, reason]``."""
+        with self.lock:
+            events, self._events = self._events, []
+            return events
+
+    def unfinished(self) -> List[list]:
+        """``[index, prompt_id]`` of every group buffered, in flight or waiting to be again."""
+        with self.lock:
+            groups = [(g.index, g.record.prompt_id) for g in self._buffer]
+            groups += [(i, r.prompt_id) for i, r in self._in_flight.items()]
+            groups += [(i, r.prompt_id) for i, r in self._requeued]
+            return [list(g) for g in sorted(groups)]
 
     def gauges(self) -> Dict[str, float]:
         with self.lock:

@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, List, Optional
 from gspo_megatron.data.records import PromptRecord
 from gspo_megatron.rollout.types import Sample, SamplingParams
 from gspo_megatron.trainer.async_generator import AsyncGenerator, FinishedGroup, sample_versions
+from gspo_megatron.trainer.async_ledger import GroupLedger
 from gspo_megatron.trainer.batching import token_lags
 from gspo_megatron.trainer.rollout_pipeline import ReadyRollout, _broadcast
 from gspo_megatron.trainer.rollout_step import ScoredRollout, _eos_ids
@@ -75,6 +76,9 @@ class AsyncRollouts:
                 wait_timeout_s=stall() if stall is not None else r.sglang.request_timeout_s)
         self.engine = engine
         self._last_counters: Dict[str, float] = {}
+        self.ledger = GroupLedger(cfg.logging.run_dir) if is_main else None
+        """``async_groups.jsonl``: every group taken, dropped or left (trainer/async_ledger.py)."""
+        self._ledger_started = False
 
     def _score(self, samples: List[Sample], record: PromptRecord) -> List[float]:
         with self._score_lock:  # one reward batch at a time: the runner keeps its last stats
@@ -89,6 +93,9 @@ class AsyncRollouts:
         """Start the generator (main rank) on the weights the engine now serves."""
         self.synced(trained_steps)
         self._started = True
+        if self.ledger is not None and not self._ledger_started:
+            self.ledger.start(None)
+            self._ledger_started = True
         if self.generator is not None and not self.generator.started:
             self.generator.start()
 
@@ -122,6 +129,10 @@ class AsyncRollouts:
         if self.is_main:
             groups, wait_s = self.generator.take(self.lag_of)
             rollout = self._scored(groups)
+            self.ledger.write(step, taken=[[g.index, g.record.prompt_id,
+                                            max((max(x) for x in lags if x), default=0)]
+                                           for g, lags in zip(groups, self._group_lags(rollout))],
+                              dropped=self.generator.drain_events())
         rollout = _broadcast(rollout, self.world_size)
         t0 = time.perf_counter()
         prepared = self.prepare(rollout, None)
@@ -141,6 +152,10 @@ class AsyncRollouts:
         out.num_prompts_drawn = len(groups)
         out.metrics = self._metrics(out)
         return out
+
+    def _group_lags(self, rollout: ScoredRollout) -> List[List[List[int]]]:
+        n = self.cfg.rollout.n_samples_per_prompt
+        return [rollout.token_lags[i:i + n] for i in range(0, len(rollout.token_lags), n)]
 
     def _metrics(self, out: ScoredRollout) -> Dict[str, float]:
         lags = [lag for per in out.token_lags for lag in per]
@@ -175,7 +190,8 @@ class AsyncRollouts:
         """The generator's buffer and prompts in flight, the version map (main rank's values;
         every rank saves what the main rank sent)."""
         state = None
-        if self.is_main:
+        if self.is_main:  # drops so far belong to the steps this checkpoint holds
+            self.ledger.write(self._trained, dropped=self.generator.drain_events())
             state = {"async": self.generator.snapshot(), "trained": self._trained,
                      "version_step": {str(v): s for v, s in self._version_step.items()}}
         return _broadcast(state, self.world_size)
@@ -190,9 +206,16 @@ class AsyncRollouts:
         self._trained = int(state["trained"])
         if self.generator is not None:
             self.generator.restore(state["async"])
+            self.ledger.start(self._trained)
+            self._ledger_started = True
         else:  # every rank's sampler holds the main rank's position
             self.sampler.load_state_dict(state["async"]["sampler"])
 
     def close(self) -> None:
-        if self.generator is not None:
-            self.generator.close()
+        """Stop the generator; the ledger names the groups it leaves unfinished."""
+        if self.generator is None:
+            return
+        self.generator.close()
+        if self._ledger_started:
+            self.ledger.write(self._trained, dropped=self.generator.drain_events(),
+                              left=self.generator.unfinished())
