@@ -156,8 +156,10 @@ def staleness_reading(plan: Plan) -> str:
     """One sentence on the rows: the speed-ups over on-policy, what bounds the fastest step, and
     whether a larger k adds anything."""
     rows = staleness_rows(plan)
+    if len(rows) == 1:
+        return "Reading: this rollout.engine / rollout.mode runs on-policy only."
     text = "Reading: RL steps/s over on-policy: " + ", ".join(
-        f"k = {r['k']} {r['speedup']:.2f}x" for r in rows[1:]) + "."
+        f"k = {r['k']}: {r['speedup']:.2f}x" for r in rows[1:]) + "."
     fastest = min(rows, key=lambda r: r["step_s"])
     text += f" The fastest step is bound by {fastest['bound_by']}."
     rest = [r for r in rows if r["k"] >= 2]
