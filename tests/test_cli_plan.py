@@ -1,5 +1,6 @@
 """``gspo-plan``: prints both production configs' plans on 4 and 8 nodes in under 5 s of CPU
-(fresh interpreter, torch never imported), JSON output, and exit code 2 with the key named."""
+(fresh interpreter, torch never imported), with the RL steps against the rollout staleness, JSON
+output, and exit code 2 with the key named (a ``--doc`` file without the markers too)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def test_plans_both_production_configs_on_4_and_8_nodes_quickly(config):
     assert cpu_s < 5.0, f"gspo-plan took {cpu_s:.1f} s of CPU"
     text = out.stdout
     for needle in ("the config's own layout", "weights", "grad buffer (fp32)", "optimizer state",
+                   "RL steps against rollout.max_staleness (k)", "RL steps/h at k=0/1/2/4",
                    "activations (full recompute", "KV cache per GPU", "FP8 weight copies",
                    "sequences of 9216 tokens per server", "best layouts on 4 nodes",
                    "best layouts on 8 nodes", "parallel.tp="):
@@ -47,9 +49,15 @@ def test_json_output_and_bad_input():
     doc = json.loads(out.stdout)
     assert doc["config"]["fits"] and len(doc["ranked"]["4"]) == 2
     assert doc["config"]["learner"]["peak_gb"] < 76
+    rates = doc["config"]["steps_per_s_by_staleness"]
+    assert list(rates) == ["0", "1", "2", "4"] and rates["0"] < rates["1"] <= rates["2"]
     bad = _run("configs/qwen3_30b_a3b_gspo.yaml", "parallel.tpp=2")
     assert bad.returncode == 2 and "parallel.tpp" in bad.stderr
     bad = _run("configs/qwen3_30b_a3b_gspo.yaml", "--gpu-memory", "lots")
     assert bad.returncode == 2 and "--gpu-memory" in bad.stderr
     bad = _run("configs/qwen3_30b_a3b_gspo.yaml", "--nodes", "1")
     assert bad.returncode == 2 and "--nodes" in bad.stderr
+    bad = _run("configs/qwen3_30b_a3b_gspo.yaml", "--doc", "README.md")  # no markers: untouched
+    assert bad.returncode == 2 and "--doc README.md: no section marked" in bad.stderr
+    bad = _run("configs/qwen3_30b_a3b_gspo.yaml", "plan.truncated_frac=0.9")
+    assert bad.returncode == 2 and "plan.truncated_frac" in bad.stderr

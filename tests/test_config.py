@@ -152,6 +152,12 @@ def test_inconsistent_layouts_and_settings_are_refused(overrides, message):
     ("optimizer.adam_beta2=1.0", "optimizer.adam_beta2: 1.0 must be < 1"),
     ("optimizer.min_lr=1.0", "optimizer.min_lr: 1.0 must be <= optimizer.lr"),
     ("data.max_bad_row_fraction=2", "data.max_bad_row_fraction: 2.0 must be <= 1"),
+    ("plan.mfu=0", "plan.mfu: 0.0 must be in (0, 1]"),
+    ("plan.mean_response_frac=1.5", "plan.mean_response_frac: 1.5 must be in (0, 1]"),
+    ("plan.mean_response_frac=0", "plan.mean_response_frac: 0.0 must be in (0, 1]"),
+    ("plan.truncated_frac=-0.1", "plan.truncated_frac: -0.1 must be in [0, plan.mean_"),
+    ("plan.truncated_frac=0.6", "plan.truncated_frac: 0.6 must be in [0, "
+                                "plan.mean_response_frac=0.5]"),
 ])
 def test_counts_and_rates_outside_their_meaning_are_refused(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

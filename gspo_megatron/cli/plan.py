@@ -3,19 +3,25 @@ will the config's layout fit, and which layouts fit N nodes best?
 
 Prints the per-GPU memory of the config's own learner layout term by term (weights, gradients,
 optimizer state, FP8 copies, activations, logits / log-prob pass) and of its SGLang servers
-(weights, KV cache, sequences that fit), rough times, then for each ``--nodes`` the best layouts
-as config overrides. Pure Python, no torch import: it answers in well under a second. Exit codes:
-0 done (even when nothing fits: the output says so), 2 bad config or arguments.
+(weights, KV cache, sequences that fit), rough times and the RL steps per second they predict
+for ``rollout.max_staleness`` = 0, 1, 2, 4, then for each ``--nodes`` the best layouts as config
+overrides. ``--doc FILE`` also rewrites FILE's marked section with that table
+(``docs/planner.md``). Pure Python, no torch import: it answers in well under a second.
+Exit codes: 0 done (even when nothing fits: the output says so), 2 bad config or arguments (or a
+``--doc`` file without the markers).
 
     gspo-plan configs/qwen3_30b_a3b_gspo.yaml --nodes 4 8
     gspo-plan configs/qwen3_235b_a22b_gspo.yaml --nodes 8 --gpu-memory 141GB --search-optimizer
+    gspo-plan configs/qwen3_30b_a3b_gspo.yaml --nodes 4 --doc docs/planner.md
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+from pathlib import Path
 from typing import List, Optional
 
 EXIT_CONFIG = 2
@@ -38,16 +44,22 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help="also try the precision-aware optimizer (bf16 moments) and "
                              "optimizer CPU offload")
     parser.add_argument("--json", action="store_true", help="one JSON document instead of text")
+    parser.add_argument("--doc", default=None,
+                        help="markdown file whose marked section (docs/planner.md) gets the "
+                             "config's RL steps against rollout.max_staleness, and the ranked "
+                             "layouts' for each --nodes")
     return parser.parse_args(argv)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Print the plan(s); returns the exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     from gspo_megatron.config import ConfigError, load_config
     from gspo_megatron.planner.hardware import parse_memory
     from gspo_megatron.planner.plan import hardware_from_config, plain_config, plan_config
-    from gspo_megatron.planner.report import as_dict, describe, ranking
+    from gspo_megatron.planner.report import (as_dict, describe, ranking, staleness_markdown,
+                                              write_doc_section)
     from gspo_megatron.planner.search import search
 
     try:
@@ -61,6 +73,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         own = plan_config(cfg, hw)
         ranked = {n: search(cfg, hw, n, top=args.top, search_optimizer=args.search_optimizer)
                   for n in args.nodes}
+        if args.doc:
+            write_doc_section(Path(args.doc), staleness_markdown(
+                own, shlex.join(["gspo-plan", *argv]), f"`{args.config}`, the config's own "
+                f"layout ({hw.gpu_memory_bytes / 1e9:g} GB GPUs)", ranked))
     except ConfigError as exc:
         print(f"gspo-plan: {exc}", file=sys.stderr)
         return EXIT_CONFIG

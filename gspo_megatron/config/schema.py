@@ -502,7 +502,19 @@ class PlanConfig:
     """false skips the fit check gspo-train and the launch plan run after loading the config
     (the explicit override: plan.check_fit=false)."""
     mfu: float = 0.3
-    """Model FLOP utilisation assumed for the learner's time estimate."""
+    """Model FLOP utilisation assumed for the learner's time estimate (and for the servers'
+    re-prefill of requests a sync aborts, ``rollout.max_staleness >= 2``). In (0, 1]."""
+    mean_response_frac: float = 0.5
+    """Assumed mean response length as a share of ``rollout.max_new_tokens``, for the time
+    estimates only (tokens generated and trained per step); a run logs the real one as
+    ``rollout/response_len_mean``. In (0, 1]."""
+    truncated_frac: float = 0.05
+    """Assumed share of responses that run to ``rollout.max_new_tokens`` (a run logs it as
+    ``rollout/truncated_frac``), for the rollout's tail in the time estimates: the longest
+    response of every batch is taken to reach the cap, and this share of a server's last wave
+    of requests is what it still decodes while that response finishes
+    (``planner/timing.py``). In [0, ``mean_response_frac``]: responses at the cap alone make
+    the mean at least this share."""
 
 
 @dataclass

@@ -146,6 +146,17 @@ def _check_ranges(cfg, check) -> None:
     if cfg.optimizer.lr > 0:  # lr itself is checked with the optimizer
         check(cfg.optimizer.min_lr <= cfg.optimizer.lr, "optimizer.min_lr",
               f"{cfg.optimizer.min_lr} must be <= optimizer.lr={cfg.optimizer.lr}")
+    _check_plan_assumptions(cfg.plan, check)
+
+
+def _check_plan_assumptions(p, check) -> None:
+    """The planner's time assumptions are shares: MFU and the mean response in (0, 1], the
+    truncated share in [0, mean] (responses at the cap alone make the mean that large)."""
+    for key in ("mfu", "mean_response_frac"):
+        value = getattr(p, key)
+        check(0.0 < value <= 1.0, f"plan.{key}", f"{value} must be in (0, 1]")
+    check(0.0 <= p.truncated_frac <= min(p.mean_response_frac, 1.0), "plan.truncated_frac",
+          f"{p.truncated_frac} must be in [0, plan.mean_response_frac={p.mean_response_frac}]")
 
 
 def _check_pipeline_split(cfg, check) -> None:

@@ -11,7 +11,8 @@ and config loading can run the same estimate (``planner/fit_check.py``).
 * ``learner_memory.py`` -- the per-GPU learner total, term by term, for the most loaded stage.
 * ``rollout_memory.py`` -- SGLang servers: weights per TP rank, KV cache, sequences that fit.
 * ``hardware.py`` -- GPU memory, peaks and links a plan is made for.
-* ``timing.py`` -- rough step, rollout and weight-sync times.
+* ``timing.py`` -- rough step, rollout and weight-sync times, and the RL step against the
+  rollout staleness k (``rollout.max_staleness``).
 * ``plan.py`` -- one config (or one layout of it) -> one :class:`Plan` with all of the above.
 * ``search.py`` -- enumerate layouts that fit N nodes and rank them.
 * ``report.py`` -- text / JSON rendering for ``gspo-plan``.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from gspo_megatron.planner.activations import MicroBatchShape
 from gspo_megatron.planner.colocated import Phase, colocated_phases
@@ -21,10 +21,9 @@ from gspo_megatron.planner.learner_memory import LearnerEstimate, Workload, esti
 from gspo_megatron.planner.model_shape import Layout, ModelShape
 from gspo_megatron.planner.precision import Precision
 from gspo_megatron.planner.rollout_memory import RolloutEstimate, estimate_rollout
-from gspo_megatron.planner.timing import StepTimes, estimate_times
-
-MEAN_RESPONSE_FRACTION = 0.5
-"""Mean response length as a share of rollout.max_new_tokens, for the time estimates only."""
+from gspo_megatron.config.schema import rollout_staleness
+from gspo_megatron.planner.timing import (STALENESS_LEVELS, ResponseLengths, StepTimes,
+                                          estimate_times, step_seconds)
 
 
 @dataclass
@@ -46,6 +45,13 @@ class Plan:
     colocated: List[Phase] = field(default_factory=list)
     """``rollout.mode=colocated`` with SGLang: each phase of a GPU shared by learner and server
     (``colocated.py``); empty otherwise."""
+    staleness_levels: Tuple[int, ...] = STALENESS_LEVELS
+    """The ``rollout.max_staleness`` values the config's engine and mode allow, of those
+    ``gspo-plan`` tabulates."""
+    configured_staleness: int = 0
+    """The config's own ``rollout.max_staleness`` (``overlap_one_step`` read as 1)."""
+    lengths: Optional[ResponseLengths] = None
+    """The response lengths its times assume (:func:`response_lengths`)."""
 
     @property
     def learner_fits(self) -> bool:
@@ -69,9 +75,10 @@ class Plan:
 
     @property
     def step_s(self) -> float:
-        """Rough RL-step time: learner + rollout + weight-sync floor (not overlapped)."""
-        t = self.times
-        return t.learner_s + t.rollout_s + t.weight_sync_floor_s
+        """Rough RL-step time at the config's own ``rollout.max_staleness``
+        (:func:`~gspo_megatron.planner.timing.step_seconds`; on-policy: generation with its
+        tail, then the update, then the weight sync)."""
+        return step_seconds(self.times, self.configured_staleness)
 
     def overrides(self) -> List[str]:
         """Config overrides selecting this plan (``launch.num_learner_nodes`` for the Slurm
@@ -144,6 +151,26 @@ def workload(cfg, layout: Layout, shape: ModelShape, max_tokens: int,
     return Workload(mb, num_micro, recompute=recompute, kernel=kernel(cfg))
 
 
+def response_lengths(cfg) -> ResponseLengths:
+    """The response lengths the times assume (``plan.mean_response_frac``,
+    ``plan.truncated_frac``), the longest at ``rollout.max_new_tokens``."""
+    cap = cfg.rollout.max_new_tokens
+    return ResponseLengths(prompt_tokens=cfg.data.max_prompt_tokens,
+                           mean_tokens=cap * cfg.plan.mean_response_frac, max_tokens=cap,
+                           truncated_frac=cfg.plan.truncated_frac)
+
+
+def staleness_levels(cfg) -> Tuple[int, ...]:
+    """Of :data:`STALENESS_LEVELS`, those config validation allows with the config's engine
+    and mode: colocated servers share the learner's GPUs (on-policy only), the embedded engine
+    cannot pause requests across an update (k <= 1)."""
+    if cfg.rollout.mode == "colocated" and cfg.rollout.engine != "embedded":
+        return (0,)
+    if cfg.rollout.engine == "embedded":
+        return tuple(k for k in STALENESS_LEVELS if k <= 1)
+    return STALENESS_LEVELS
+
+
 def plan_layout(cfg, hw: Hardware, layout: Layout, *, recompute: Optional[str] = None,
                 max_tokens: Optional[int] = None, num_servers: Optional[int] = None,
                 server_tp: Optional[int] = None, precision: Optional[Precision] = None,
@@ -164,13 +191,12 @@ def plan_layout(cfg, hw: Hardware, layout: Layout, *, recompute: Optional[str] =
     seq_len = work.micro_batch.seq_len
     rollout = rollout or estimate_rollout(shape, server_tp, sg.mem_fraction_static, seq_len, hw)
     num_seqs = cfg.batch.num_prompts_per_step * cfg.rollout.n_samples_per_prompt
-    generated = num_seqs * cfg.rollout.max_new_tokens * MEAN_RESPONSE_FRACTION
-    trained = num_seqs * cfg.data.max_prompt_tokens + generated
+    lengths = response_lengths(cfg)
+    trained = num_seqs * (lengths.prompt_tokens + lengths.mean_tokens)
     times = estimate_times(shape, hw=hw, learner_gpus=layout.world_size, mfu=cfg.plan.mfu,
-                           recompute=recompute, tokens_per_step=trained,
-                           generated_per_step=generated, seq_len=seq_len,
-                           logprob_pass=cfg.algo.old_logprob_source == "learner",
-                           num_servers=num_servers, rollout=rollout,
+                           recompute=recompute, tokens_per_step=trained, num_seqs=num_seqs,
+                           lengths=lengths, logprob_pass=cfg.algo.old_logprob_source == "learner",
+                           num_servers=num_servers, server_tp=server_tp, rollout=rollout,
                            max_concurrency=sg.max_concurrency_per_server)
     if layout.pp > 1:  # 1F1B bubble: (pp - 1) idle slots per num_micro_batches
         m = work.num_micro_batches
@@ -180,7 +206,9 @@ def plan_layout(cfg, hw: Hardware, layout: Layout, *, recompute: Optional[str] =
     return Plan(layout=layout, recompute=recompute, max_tokens_per_micro_batch=max_tokens,
                 learner=learner, rollout=rollout, times=times, hardware=hw,
                 num_servers=num_servers, server_tp=server_tp, precision=precision,
-                extra_overrides=list(extra_overrides or []), colocated=colocated)
+                extra_overrides=list(extra_overrides or []), colocated=colocated,
+                staleness_levels=staleness_levels(cfg),
+                configured_staleness=rollout_staleness(cfg.rollout), lengths=lengths)
 
 
 def plan_config(cfg, hw: Hardware, world_size: Optional[int] = None) -> Plan:

@@ -7,7 +7,8 @@ layout Megatron-Core accepts for the model (TP within a node dividing the attent
 PP with an even or the suggested uneven split, EP dividing the experts, ETP 1 or TP, CP 1 or 2,
 SP with TP) gets the least recomputation, then the largest micro-batch budget (twice, equal to or
 half the configured one), that fits. Fitting plans come first, those with at least 10% of the
-usable memory to spare before tighter ones, each ordered by estimated RL-step time; ties prefer
+usable memory to spare before tighter ones, each ordered by estimated RL-step time (at the
+config's ``rollout.max_staleness``, ``timing.step_seconds``); ties prefer
 less recomputation, smaller model-parallel groups, then memory margin.
 
 The optimizer options (precision-aware optimizer, CPU offload) stay as configured unless
