@@ -206,6 +206,8 @@ class AsyncRollouts:
         self._trained = int(state["trained"])
         if self.generator is not None:
             self.generator.restore(state["async"])
+            # per-step counters count from the checkpoint's totals (the discarded groups: new)
+            self._last_counters = {k: float(v) for k, v in state["async"]["counters"].items()}
             self.ledger.start(self._trained)
             self._ledger_started = True
         else:  # every rank's sampler holds the main rank's position
