@@ -119,6 +119,27 @@ def test_overlap_trains_one_step_off_policy(assets, tmp_path):
     assert "eval/accuracy" in rows[2]
 
 
+@pytest.mark.slow
+def test_max_staleness_0_and_1_are_the_on_policy_and_one_step_runs(assets, tmp_path):
+    """Issue 40: ``rollout.max_staleness=0`` is the on-policy run and ``1`` the one-step
+    off-policy run of ``overlap_one_step``, loss for loss, seed for seed (the embedded engine is
+    deterministic, so any other path would show)."""
+    base = ["algo.old_logprob_source=learner", "trainer.num_steps=3", "logging.plot=false"]
+    runs = {}
+    for name, extra in (("default", []), ("k0", ["rollout.max_staleness=0"]),
+                        ("overlap", ["rollout.overlap_one_step=true"]),
+                        ("k1", ["rollout.max_staleness=1"])):
+        assert _train(0, _overrides(assets, tmp_path / name, *base, *extra))["code"] == 0
+        runs[name] = [{k: v for k, v in r.items() if (k.startswith(("train/", "reward/", "eval/"))
+                       or k == "rollout/policy_lag_steps") and not k.endswith(("_s", "per_s"))}
+                      for r in _rows(tmp_path / name)]  # every value but the clocks'
+    assert "train/pg_loss" in runs["k0"][1] and "train/loss" in runs["k0"][1]
+    assert runs["default"] == runs["k0"]
+    assert runs["overlap"] == runs["k1"]
+    assert [r["rollout/policy_lag_steps"] for r in runs["k1"][1:]] == [0.0, 1.0, 1.0]
+    assert runs["k0"] != runs["k1"]  # the two modes do differ: the comparison could fail
+
+
 def _spawn(assets, run_dir: Path, *extra: str) -> subprocess.Popen:
     """gspo-train in a child process; its stderr goes to ``<run_dir>.log`` (read by _tail)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
