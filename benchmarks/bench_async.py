@@ -189,13 +189,14 @@ def _conditions(argv: Sequence[str], started: float, load_start: float) -> dict:
             "minutes": (time.time() - started) / 60, "threads": THREADS}
 
 
+BEGIN, END = "<!-- bench_async: begin -->", "<!-- bench_async: end -->"
+
+
 def write_doc(results: dict, doc: Path) -> str:
-    """docs/async_rollouts.md from the results file (the parts it holds)."""
-    lines = ["# Asynchronous rollouts: speed by staleness and learning parity (measured)", "",
-             "Written by `benchmarks/bench_async.py doc` from `benchmarks/results/async.json`; "
-             "each part names the command, commit and machine that measured it. Design and the "
-             "objective: docs/rollout.md (partial rollouts), docs/algorithms.md (stale rollouts).",
-             ""]
+    """The measured section of docs/async_rollouts.md (between its markers; the rest of the
+    file is the design, written by hand) from the results file (the parts it holds)."""
+    lines = ["Written by `benchmarks/bench_async.py doc` from `benchmarks/results/async.json`; "
+             "each part names the command, commit and machine that measured it.", ""]
     speed = results.get("speed")
     if speed:
         c = speed["conditions"]
@@ -248,7 +249,11 @@ def write_doc(results: dict, doc: Path) -> str:
                       + ", ".join(f"{a:.1f}%" for a in starts) + "."]
         lines.append("")
     text = "\n".join(lines)
-    doc.write_text(text)
+    page = doc.read_text() if doc.exists() else f"# Asynchronous rollouts\n\n{BEGIN}\n{END}\n"
+    if BEGIN not in page or END not in page:
+        raise ValueError(f"{doc} lacks the markers {BEGIN} / {END} of the measured section")
+    head, rest = page.split(BEGIN, 1)
+    doc.write_text(f"{head}{BEGIN}\n{text}\n{END}{rest.split(END, 1)[1]}")
     return text
 
 
@@ -289,7 +294,11 @@ def main(argv=None) -> int:
         results[args.part]["conditions"] = _conditions(argv, started, load)
         args.results.parent.mkdir(parents=True, exist_ok=True)
         args.results.write_text(json.dumps(results, indent=1) + "\n")
-    print(write_doc(results, args.doc))
+    try:
+        print(write_doc(results, args.doc))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

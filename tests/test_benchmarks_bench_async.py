@@ -53,7 +53,14 @@ def test_the_doc_has_the_ratio_to_on_policy_and_the_spread_over_seeds(tmp_path):
     results = {"speed": {"rows": rows, "num_steps": 3, "warmup_steps": 1, "conditions": conditions},
                "parity": {"rows": parity, "num_steps": 40, "seeds": [1, 2],
                           "conditions": conditions}}
-    text = bench.write_doc(json.loads(json.dumps(results)), tmp_path / "doc.md")
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"# design\n\nby hand\n\n{bench.BEGIN}\nold numbers\n{bench.END}\n\nafter\n")
+    text = bench.write_doc(json.loads(json.dumps(results)), doc)
     assert "| longtail | 2 | 0.500 | 2.00x |" in text
     assert "| k=4, no behaviour weight | 50.0% | 70.0% | 60.0% | 50.0-70.0% |" in text
-    assert (tmp_path / "doc.md").read_text() == text
+    page = doc.read_text()
+    assert page.startswith("# design\n\nby hand\n") and page.endswith(f"{bench.END}\n\nafter\n")
+    assert text in page and "old numbers" not in page
+    (tmp_path / "bare.md").write_text("no markers\n")
+    with pytest.raises(ValueError, match="lacks the markers"):
+        bench.write_doc(results, tmp_path / "bare.md")
