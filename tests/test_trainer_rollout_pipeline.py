@@ -191,3 +191,19 @@ def test_weights_swapped_in_restores_on_error():
     with pytest.raises(ValueError, match="another model"):
         with weights_swapped_in(learner, WeightSnapshot(step=-1, tensors=[])):
             pass
+
+
+def test_a_background_rollout_past_its_deadline_is_named_not_waited_for():
+    """Issue 41: the take of an overlapped step waits at most the engine's stall deadline."""
+    import threading
+
+    from gspo_megatron.trainer.rollout_pipeline import RolloutTimeout, _Background
+
+    release = threading.Event()
+    job = _Background(lambda: release.wait(10) and "done", name="rollout-7")
+    try:
+        with pytest.raises(RolloutTimeout, match="rollout-7 did not finish within 0s"):
+            job.result(timeout_s=0.2)
+    finally:
+        release.set()
+    assert job.result(timeout_s=5) == "done"

@@ -64,6 +64,12 @@ def peak_memory_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
+def _stall_timeout(engine) -> Optional[float]:
+    """The engine's bound on one batch's wait (SGLang servers), or None (main rank only)."""
+    stall = getattr(engine, "stall_timeout_s", None)
+    return stall() if callable(stall) else None
+
+
 def _any_rank(flag: bool, parts: TrainerParts) -> bool:
     if parts.runtime.world_size == 1:
         return flag
@@ -104,7 +110,8 @@ class GSPOTrainer:
             self.rollouts = RolloutPipeline(
                 self._produce, self._prepare, parts.learner, parts.sampler,
                 is_main=parts.runtime.is_main, world_size=parts.runtime.world_size,
-                overlap=self.overlap, learner_logprobs=cfg.algo.old_logprob_source == "learner")
+                overlap=self.overlap, learner_logprobs=cfg.algo.old_logprob_source == "learner",
+                wait_timeout_s=_stall_timeout(parts.engine))
 
     # ---- the phases ----------------------------------------------------------------------
     def _produce(self, step: int) -> ScoredRollout:

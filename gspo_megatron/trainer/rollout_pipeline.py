@@ -69,6 +69,10 @@ def _broadcast(obj, world_size: int):
     return box[0]
 
 
+class RolloutTimeout(RuntimeError):
+    """A background rollout did not finish within its deadline."""
+
+
 class _Background:
     """One call of ``fn`` in a daemon thread; ``result()`` joins and re-raises its error."""
 
@@ -83,8 +87,12 @@ class _Background:
         except BaseException as exc:  # re-raised in the loop's thread
             self._out["error"] = exc
 
-    def result(self) -> ScoredRollout:
-        self._thread.join()
+    def result(self, timeout_s: Optional[float] = None) -> ScoredRollout:
+        """The value (or the error) of ``fn``; RolloutTimeout when it has not returned within
+        ``timeout_s`` (None: no deadline)."""
+        self._thread.join(timeout=timeout_s)
+        if self._thread.is_alive():
+            raise RolloutTimeout(f"{self._thread.name} did not finish within {timeout_s:.0f}s")
         if "error" in self._out:
             raise self._out["error"]
         return self._out["value"]
@@ -95,7 +103,8 @@ class RolloutPipeline:
 
     def __init__(self, produce: Callable[[int], ScoredRollout],
                  prepare: Callable[[ScoredRollout, Optional[list]], Any], learner, sampler, *,
-                 is_main: bool, world_size: int, overlap: bool, learner_logprobs: bool) -> None:
+                 is_main: bool, world_size: int, overlap: bool, learner_logprobs: bool,
+                 wait_timeout_s: Optional[float] = None) -> None:
         self.produce = produce
         self.prepare = prepare
         """``prepare(rollout, saved_old_logprobs)``: the step's batch and pi_old (collective);
@@ -106,6 +115,9 @@ class RolloutPipeline:
         self.world_size = world_size
         self.overlap = overlap
         self.learner_logprobs = learner_logprobs
+        self.wait_timeout_s = wait_timeout_s
+        """The longest ``take`` waits for a background rollout (the engine's own stall deadline
+        for SGLang servers, whose every request is bounded; None: the engine has no bound)."""
         self._step: Optional[int] = None  # the submitted step, on every rank
         self._version = 0
         self._snapshot: Optional[WeightSnapshot] = None
@@ -149,7 +161,8 @@ class RolloutPipeline:
             rollout, saved = None, None
             if self.is_main:
                 job, self._job = self._job, None
-                rollout = job.result() if job is not None else self.produce(step)
+                rollout = (job.result(self.wait_timeout_s) if job is not None
+                           else self.produce(step))
             rollout = _broadcast(rollout, self.world_size)
             if not self.is_main:  # every rank's sampler keeps the main rank's data position
                 self.sampler.next_batch(rollout.num_prompts_drawn)
