@@ -234,6 +234,22 @@ def test_production_config_matches_the_model_card_and_paper():
     assert grpo.model == cfg.model and grpo.parallel == cfg.parallel  # only the objective differs
 
 
+def test_longtail_config_fits_the_repeat_task_it_runs():
+    from gspo_megatron.tiny_task.repeat_task import RepeatProblem, RepeatTaskConfig
+
+    cfg, task = load_config(REPO / "configs" / "tiny_longtail.yaml"), RepeatTaskConfig()
+    tiny = load_config(REPO / "configs" / "tiny_cpu.yaml")
+    assert cfg.model == OmegaConf.merge(tiny.model, {"hf_path": cfg.model.hf_path})  # same model
+    assert cfg.reward.name == "tiny_repeat"
+    # the longest answer and its eos fit, so a response cut at max_new_tokens is wrong
+    assert cfg.rollout.max_new_tokens == task.max_count + 1
+    assert cfg.data.max_prompt_tokens >= len(RepeatProblem(9, task.max_count).prompt)
+    # batches read in file order are whole stratified blocks
+    assert cfg.data.shuffle is False
+    assert cfg.batch.num_prompts_per_step % task.block_size == 0
+    assert cfg.trainer.sft_batch_size % task.block_size == 0
+
+
 def test_saved_config_round_trips(tmp_path):
     cfg = load_config(REPO / "configs" / "tiny_cpu.yaml", ["trainer.num_steps=7"])
     path = save_config(cfg, tmp_path / "run" / "config.yaml")

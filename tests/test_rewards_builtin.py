@@ -1,4 +1,4 @@
-"""Built-in rewards: math_verify on real cases, exact_match, format, tiny_addition."""
+"""Built-in rewards: math_verify on real cases, exact_match, format, tiny_addition, tiny_repeat."""
 
 from __future__ import annotations
 
@@ -58,3 +58,20 @@ def test_tiny_addition_counts_only_the_digits_before_eos():
     assert addition_reward("", "46") == 0.0
     assert addition_reward("4 6", "46") == 0.0
     assert addition_reward("+46", "46") == 0.0
+
+
+def test_tiny_repeat_is_exact_before_eos():
+    from gspo_megatron.rewards.builtin import repeat_reward
+
+    answer = "7" * 12
+    assert get_reward_fn("tiny_repeat") is repeat_reward
+    assert repeat_reward(answer, answer) == 1.0
+    assert repeat_reward(answer + "<eos>", answer) == 1.0
+    assert repeat_reward(answer + "<eos>777*3=", answer) == 1.0   # text after eos is not read
+    assert repeat_reward("7" * 11, answer) == 0.0                 # cut short (truncated)
+    assert repeat_reward("7" * 13, answer) == 0.0                 # one too many
+    assert repeat_reward("7" * 41, answer) == 0.0                 # ran to max_new_tokens
+    assert repeat_reward("7" * 11 + "1", answer) == 0.0           # a wrong digit
+    assert repeat_reward("777777 777777", answer) == 0.0
+    assert repeat_reward("", answer) == 0.0 and repeat_reward("<eos>" + answer, answer) == 0.0
+    assert repeat_reward("5", "5") == 1.0

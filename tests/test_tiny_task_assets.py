@@ -1,8 +1,10 @@
 """Tiny assets: the written model, tokenizer and data load with transformers and generate; the
-free-text tiny policy of the rollout tests."""
+repeat task's data beside the same model (``--task repeat``); the free-text tiny policy of the
+rollout tests."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 from pathlib import Path
@@ -47,6 +49,42 @@ def test_make_tiny_assets_tool_writes_loadable_model_tokenizer_and_data(tmp_path
 
     rows = [json.loads(line) for line in (out / "data" / "train.jsonl").read_text().splitlines()]
     assert len(rows) == 40 and len((out / "data" / "eval.jsonl").read_text().splitlines()) == 8
+
+
+def load_tool():
+    spec = importlib.util.spec_from_file_location("make_tiny_assets", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_repeat_task_option_writes_the_same_model_beside_the_repeat_data(tmp_path):
+    torch.set_num_threads(1)
+    add, rep = tmp_path / "add", tmp_path / "rep"
+    assert make_assets_main([str(add), "--num-train", "40", "--num-eval", "8"]) == 0
+    assert make_assets_main([str(rep), "--task", "repeat", "--num-train", "64", "--num-eval", "32",
+                             "--max-count", "30"]) == 0
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        assert (add / "model" / name).read_bytes() == (rep / "model" / name).read_bytes(), name
+    rows = [json.loads(line) for line in (rep / "data" / "train.jsonl").read_text().splitlines()]
+    assert len(rows) == 64 and len((rep / "data" / "eval.jsonl").read_text().splitlines()) == 32
+    assert all(r["answer"] == str(r["metadata"]["digit"]) * r["metadata"]["count"] for r in rows)
+    assert max(r["metadata"]["count"] for r in rows) <= 30 and rows[0]["prompt"].endswith("=")
+
+
+def test_tool_defaults_are_each_tasks_own_and_misplaced_options_fail(tmp_path):
+    from gspo_megatron.tiny_task.repeat_task import RepeatTaskConfig
+
+    tool = load_tool()
+    parse = lambda *argv: tool.task_config(argparse.Namespace(**{  # noqa: E731
+        "task": "addition", "num_train": None, "num_eval": None, "num_digits": None,
+        "max_count": None, **dict(argv)}))
+    assert parse() == AdditionTaskConfig()  # the default output is today's, byte for byte
+    assert parse(("task", "repeat")) == RepeatTaskConfig()
+    assert parse(("task", "repeat"), ("num_train", 320)) == RepeatTaskConfig(num_train=320)
+    for argv in (["--max-count", "9"], ["--task", "repeat", "--num-digits", "3"],
+                 ["--task", "repeat", "--num-train", "100"]):
+        assert make_assets_main([str(tmp_path / "x"), *argv]) == 1, argv
 
 
 def test_same_seed_gives_identical_weights(tmp_path):

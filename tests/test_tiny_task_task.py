@@ -38,3 +38,13 @@ def test_dataset_files_load_through_the_prompt_loader(tmp_path):
     record = ds.records[0]
     assert tok.decode(list(record.prompt_token_ids)) == record.prompt_text
     assert record.prompt_text.endswith("=")
+
+
+def test_default_datasets_are_the_recorded_runs_bytes(tmp_path):
+    """The numbers in docs/tiny_cpu_run.md were measured on exactly these files."""
+    import hashlib
+
+    paths = write_task_datasets(tmp_path, AdditionTaskConfig())
+    assert [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths] == [
+        "148adcaafdfc8d1da8e0605dbbe390570e0cd2d9c9598db5e29aa6089ec65db5",
+        "efe481212a7ce1d6a453eee9d731775a953fa9c0b11a142c34ec294a4a5f5b5d"]

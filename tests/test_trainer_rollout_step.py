@@ -91,6 +91,8 @@ def test_without_dynamic_sampling_every_group_is_kept_with_zero_advantage_when_f
     assert m["reward/mean"] == pytest.approx(0.5)
     assert m["rollout/num_sequences"] == 6.0 and m["rollout/truncated_frac"] == 0.5
     assert m["rollout/response_len_mean"] == 1.5 and m["rollout/response_len_max"] == 2.0
+    assert (m["rollout/response_len_min"], m["rollout/response_len_p10"],
+            m["rollout/response_len_p90"]) == (1.0, 1.0, 2.0)
     assert m["rollout/tokens_per_s"] == 7.0 and "rollout/other" not in m
     assert m["reward/num_errors"] == 0.0
 

@@ -1,4 +1,5 @@
-"""Built-in reward functions: ``math_verify``, ``exact_match``, ``format`` and ``tiny_addition``.
+"""Built-in reward functions: ``math_verify``, ``exact_match``, ``format``, ``tiny_addition`` and
+``tiny_repeat``.
 
 All return 1.0 or 0.0. ``math_verify`` checks mathematical equivalence with the math-verify
 package (``1/2`` equals ``\\frac{1}{2}`` equals ``0.5``). math-verify bounds its own run time with
@@ -9,7 +10,9 @@ rewards from worker threads, so the package's timeouts are switched off here
 
 ``tiny_addition`` scores the tiny CPU task (``tiny_task/task.py``: ``"12+34="`` -> ``"46"``): 1.0
 when the digits generated before the tokenizer's eos token (or the end of the text) are exactly
-the answer. It reads only the task's vocabulary (``tiny_task/vocab.py``), a leaf module.
+the answer. ``tiny_repeat`` scores the long-tail task (``tiny_task/repeat_task.py``: ``"7*12="``
+-> twelve 7s) the same way: one digit too many or too few is as wrong as a wrong digit. Both read
+only the task's vocabulary (``tiny_task/vocab.py``), a leaf module.
 """
 
 from __future__ import annotations
@@ -68,8 +71,22 @@ def extract_generated_digits(response: str) -> str:
     return response.split(EOS_TOKEN, 1)[0].strip()
 
 
+def _digits_match(response: str, answer: str) -> float:
+    generated = extract_generated_digits(response)
+    return 1.0 if generated.isdigit() and generated == str(answer).strip() else 0.0
+
+
 @register_reward("tiny_addition")
 def addition_reward(response: str, answer: str, metadata: Optional[Mapping] = None) -> float:
     """1.0 when the digits before eos are exactly the answer's digits, else 0.0."""
-    generated = extract_generated_digits(response)
-    return 1.0 if generated.isdigit() and generated == str(answer).strip() else 0.0
+    return _digits_match(response, answer)
+
+
+@register_reward("tiny_repeat")
+def repeat_reward(response: str, answer: str, metadata: Optional[Mapping] = None) -> float:
+    """1.0 when the text before eos is exactly the answer (the digit, ``count`` times), else 0.0.
+
+    The scorer decodes without special tokens, so a response cut at ``rollout.max_new_tokens``
+    reads like one that stopped: the task's config leaves room for the longest answer and eos,
+    so a cut response is always too long and scores 0."""
+    return _digits_match(response, answer)

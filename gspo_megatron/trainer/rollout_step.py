@@ -9,6 +9,7 @@ uninterrupted one would.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -100,10 +101,16 @@ def collect_rollout(sampler, engine, reward_runner, tokenizer, cfg, step: int) -
     return out
 
 
+def _nearest_rank(sorted_values: List[int], q: float) -> float:
+    """The ``q``-quantile by the nearest-rank rule (a value of the list, no interpolation)."""
+    return float(sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)])
+
+
 def _rollout_metrics(out: ScoredRollout, all_rewards: List[float], groups: DynamicSamplingBuffer,
                      n: int, seconds: float) -> Dict[str, float]:
-    """Rewards of every generated sample (dropped groups included); lengths of the kept ones."""
-    lengths = [len(s.response_token_ids) for s in out.samples]
+    """Rewards of every generated sample (dropped groups included); lengths of the kept ones
+    (their spread, p90 / p10 and max / min, is what a long-tail workload is measured by)."""
+    lengths = sorted(len(s.response_token_ids) for s in out.samples)
     rewards_t = torch.tensor(all_rewards)
     return {
         "reward/mean": float(rewards_t.mean()),
@@ -112,7 +119,10 @@ def _rollout_metrics(out: ScoredRollout, all_rewards: List[float], groups: Dynam
         "rollout/dropped_groups": float(groups.num_dropped),
         "rollout/num_sequences": float(out.num_sequences),
         "rollout/response_len_mean": sum(lengths) / len(lengths),
-        "rollout/response_len_max": float(max(lengths)),
+        "rollout/response_len_max": float(lengths[-1]),
+        "rollout/response_len_min": float(lengths[0]),
+        "rollout/response_len_p10": _nearest_rank(lengths, 0.1),
+        "rollout/response_len_p90": _nearest_rank(lengths, 0.9),
         "rollout/truncated_frac": sum(s.finish_reason == "length" for s in out.samples) / len(lengths),
         "time/rollout_s": seconds,
     }
