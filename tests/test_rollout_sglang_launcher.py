@@ -3,6 +3,8 @@
 import sys
 import time
 
+import pytest
+
 from gspo_megatron.config.schema import SGLangConfig
 from gspo_megatron.rollout.sglang.launcher import ServerLauncher, sglang_server_command
 
@@ -66,3 +68,31 @@ def test_cpu_engine_dtype_and_keyed_launch(tmp_path):
     assert "--device" not in gpu and sglang_server_env(SGLangConfig()) == {}
     unreadable = sglang_server_command(SGLangConfig(), str(tmp_path / "nowhere"), 0, python="py")
     assert "--dtype" not in unreadable  # SGLang decides; a warning says so
+
+
+@pytest.mark.slow
+def test_a_real_server_whose_port_is_taken_fails_the_start_naming_it(tmp_path):
+    """SGLang 0.5.23 logs the bind failure and keeps running (its scheduler holds the process),
+    so waiting for health would poll the port's other owner until the start-up deadline: the
+    engine reads the server's log and stops at once, naming the port."""
+    import socket
+
+    from gspo_megatron.rollout.sglang.engine import SGLangEngine
+    from gspo_megatron.tiny_task.assets import make_tiny_assets
+    from gspo_megatron.tiny_task.task import AdditionTaskConfig
+    from tests.real_sglang import SGLANG_PYTHON
+
+    assets = make_tiny_assets(tmp_path / "assets", task=AdditionTaskConfig(num_train=8, num_eval=2))
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    cfg = SGLangConfig(device="cpu", python=str(SGLANG_PYTHON), port=port, max_total_tokens=4096,
+                       health_timeout_s=600)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match=rf"could not listen on their ports .*127.0.0.1:{port}"):
+            SGLangEngine.from_config(cfg, str(assets.model_dir), log_dir=str(tmp_path / "logs"))
+    finally:
+        holder.close()
+    assert time.monotonic() - t0 < 300  # well before the 600 s deadline

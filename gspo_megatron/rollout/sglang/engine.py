@@ -62,6 +62,22 @@ class _Retry(Exception):
         self.free = free
 
 
+BIND_FAILURE = "error while attempting to bind on address"
+"""What SGLang 0.5.23's HTTP server (uvicorn) logs when its port is taken; the process does not
+exit after it (its scheduler and detokenizer keep it alive), so health polls would go to the
+port's other owner until the start-up deadline."""
+
+
+def _failed_to_bind(log_path: Optional[str]) -> bool:
+    if not log_path:
+        return False
+    try:
+        with open(log_path, errors="replace") as f:
+            return BIND_FAILURE in f.read()
+    except OSError:
+        return False
+
+
 class SGLangEngine(RolloutEngine):
     """Rollouts on N HTTP servers speaking SGLang's native API."""
 
@@ -175,6 +191,12 @@ class SGLangEngine(RolloutEngine):
                 dead = [p.address for p in self.launcher.servers if p.process.poll() is not None]
                 if dead:
                     raise RuntimeError(f"rollout servers exited during start-up: {dead}")
+                unbound = [p for p in self.launcher.servers if _failed_to_bind(p.log_path)]
+                if unbound:  # SGLang logs it and lives on; its port answers for someone else
+                    raise RuntimeError(
+                        "rollout servers could not listen on their ports (another process holds "
+                        f"them): {[p.address for p in unbound]}; see {unbound[0].log_path}; "
+                        "choose another rollout.sglang.port")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"rollout servers not healthy after {timeout_s}s: "
                                    f"{[s.address for s in pending]}")
