@@ -72,7 +72,8 @@ def test_version_order_is_checked_against_what_the_engine_served():
     assert version_order_error(["1", "1", "2"], ["1", "2"]) is None
     assert version_order_error([], ["1"]) is None
     assert version_order_error(["2"], ["1", "2", "3"]) is None  # sent at 1, ran under 2
-    assert version_order_error(["x"], [None, "1"]) is None  # no version yet: nothing to check
+    assert version_order_error(["x"], [None, "1"]) is None  # no version yet: any
+    assert version_order_error(["x", "1"], [None, "1"]) is None
     assert "'0'" in version_order_error(["0", "1"], ["1", "2"])  # before it was sent
     assert "'1'" in version_order_error(["2", "1"], ["1", "2"])  # out of order
     assert "'1'" in version_order_error(["1", "2", "1"], ["1", "2"])

@@ -213,7 +213,8 @@ def test_partial_rollouts_continue_across_weight_updates_on_the_real_server(engi
     tokens generate. Samples cut by a pause keep their tokens and go on under the next version;
     each token's log-prob equals its version's weights' after the prompt and the earlier tokens
     (one forward per version over the whole sequence), and differs from the others' (the
-    check can fail). Nothing of ours is left running, queued or paused on the server."""
+    check can fail). Each sync that cut requests paused in well under SGLang's one-second
+    look (``FleetControl._cut_running``). Nothing of ours is left running, queued or paused."""
     from tests.test_rollout_sglang_partial_rollout import assert_each_token_from_its_version
 
     models = {v: build_tiny_policy(seed=seed)[0] for v, seed in (("1", 0), ("2", 12), ("3", 13))}
@@ -235,10 +236,13 @@ def test_partial_rollouts_continue_across_weight_updates_on_the_real_server(engi
         worker.start()
         for version in ("2", "3"):
             time.sleep(0.15)  # ~30 decoding steps: about half the samples still run
-            cuts.append(sync(version)["weight_sync/num_interrupted_requests"])
+            phases = sync(version)
+            cuts.append((phases["weight_sync/num_interrupted_requests"], phases["weight_sync/pause_s"]))
         worker.join(120)
         samples = out["samples"]
-        assert len(samples) == 16 and cuts[0] > 0, cuts
+        assert len(samples) == 16 and cuts[0][0] > 0, cuts
+        # aborted first, the pause finds nothing running: not SGLang's one-second second look
+        assert all(pause_s < 0.9 for _, pause_s in cuts), cuts
         assert all(s.finish_reason in ("stop", "length") and len(s.response_token_ids) <= 400
                    for s in samples)
         assert any(len(set(s.token_versions)) > 1 for s in samples), [s.token_versions[::50] for s in samples]

@@ -58,7 +58,6 @@ class FleetControl:
         self.cut_timeout_s = 5.0
         self.cut_poll_s = 0.05
         """:meth:`_cut_running`: at most this long, aborting every ``cut_poll_s``."""
-        self.weight_version: Optional[str] = None
         self.released: Set[str] = set()
         """Memory tags released on the servers (colocated mode)."""
         self.paused = False
@@ -78,6 +77,17 @@ class FleetControl:
         """Block while generation is paused by us (a sync, or released memory); False if it
         did not reopen within ``timeout_s``."""
         return self._open.wait(timeout_s)
+
+    @property
+    def weight_version(self) -> Optional[str]:
+        """The version the engine serves: the last sync's (None before the first)."""
+        with self._versions_lock:
+            return self._versions[-1]
+
+    @weight_version.setter
+    def weight_version(self, version: Optional[str]) -> None:
+        with self._versions_lock:
+            self._versions.append(version)
 
     def version_index(self) -> int:
         """Where the engine's version history stands (:meth:`versions_since` takes it)."""
@@ -159,8 +169,6 @@ class FleetControl:
         for s in self.pool.members:
             s.weight_version = weight_version
         self.weight_version = weight_version
-        with self._versions_lock:
-            self._versions.append(weight_version)
         if "kv_cache" not in self.released:
             self._all("flush", self._flush)
         if not self.released:

@@ -61,20 +61,19 @@ def segment_seed(seed: Optional[int], segment: int) -> Optional[int]:
     return h & 0x7FFFFFFF
 
 
-def version_order_error(versions: Sequence[str], allowed: Sequence[Optional[str]]) -> Optional[str]:
-    """Why the per-token ``versions`` of one answer cannot come from a request that was sent
-    while ``allowed[0]`` was served and answered while ``allowed[-1]`` was (None when they can):
-    each version must be one of ``allowed``, in that order. ``allowed`` holding None (the
-    engine had no version yet) checks nothing."""
-    if any(v is None for v in allowed):
-        return None
+def version_order_error(versions: Sequence[Optional[str]],
+                        allowed: Sequence[Optional[str]]) -> Optional[str]:
+    """Why the ``versions`` of one answer (per token, in order) cannot come from a request that
+    was sent while ``allowed[0]`` was served and answered while ``allowed[-1]`` was (None when
+    they can): each must be one of ``allowed``, in that order. None in ``allowed`` (before the
+    engine's first sync) stands for any version."""
     position = 0
-    for v, _ in itertools.groupby(versions):  # the spans' versions, in order
-        try:
-            position = list(allowed).index(v, position)
-        except ValueError:
-            return (f"tokens of weight version {v!r}, but the engine served {list(allowed)} "
-                    "between sending this request and its answer")
+    for v, _ in itertools.groupby(versions):
+        while position < len(allowed) and allowed[position] not in (None, v):
+            position += 1
+        if position == len(allowed):
+            return (f"weight version {v!r} in the answer, but the engine served "
+                    f"{list(allowed)} between sending this request and its answer")
     return None
 
 

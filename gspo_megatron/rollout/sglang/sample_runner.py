@@ -84,11 +84,6 @@ class SampleRunner:
             ours = self.control.pause_epoch != epoch
             raise _Retry(f"{server.address}: request {rid} aborted", free=ours,
                          cut=result if ours else None)
-        current = self.control.weight_version
-        if current is not None and result.weight_version != current:
-            self.pool.mark_dead(server, f"answered with weights {result.weight_version!r}, "
-                                        f"expected {current!r}")
-            raise _Retry(f"{server.address}: stale weights {result.weight_version!r}", free=True)
         return result
 
     def _run_sample(self, req: GenerationRequest, idx: int, params: SamplingParams,
@@ -101,13 +96,15 @@ class SampleRunner:
         start = time.perf_counter()
         attempt = failures = 0
         while failures <= self.max_retries:
+            # read before the gate: a pause that begins after it cuts this attempt (pause_and_abort
+            # closes the gate, then bumps the epoch)
+            epoch, sent_at = self.control.pause_epoch, self.control.version_index()
             server = self._acquire(name, tried, errors)
             rid = f"{req.prompt_id}/{idx}/{attempt}"
             attempt += 1
-            sent_at = self.control.version_index()
             try:
                 result = self._attempt(server, rid, rollout.payload(rid, self.routing_shape is not None),
-                                       self.control.pause_epoch)
+                                       epoch)
                 versions = self._segment_versions(server, rid, result, sent_at)
             except _Retry as exc:
                 errors.append(str(exc))
@@ -141,24 +138,24 @@ class SampleRunner:
 
     def _segment_versions(self, server: ServerState, rid: str, result: api.GenerateResult,
                           sent_at: int) -> Optional[List[str]]:
-        """The version of each token of an answer, checked against the versions the engine
-        served from sending it to now: a server with other weights leaves the rotation and the
-        attempt runs again. Partial rollouts need the versions: a server without spans ends
-        the batch (:class:`MissingWeightVersions`)."""
+        """The version of each token of an answer (None: the server sent no spans), checked with
+        the answer's ``weight_version`` against the versions the engine served from sending it
+        to now: a server on other weights (stale, or restarted) leaves the rotation and the
+        attempt runs again. Partial rollouts need the spans: a server without them ends the
+        batch (:class:`MissingWeightVersions`)."""
         versions = result.token_versions
-        if versions is None:
-            if self.keep_partial_rollouts:
-                raise MissingWeightVersions(
-                    f"rollout server {server.address} (SGLang {self._sglang_version(server)}) "
-                    f"answered request {rid} without meta_info.weight_versions, which partial "
-                    "rollouts (keep_partial_rollouts, for rollout.max_staleness >= 2) need for "
-                    "the weight version of every token; SGLang returns them from 0.5.19, this "
-                    f"client speaks {api.SGLANG_VERSION}")
-            return None
-        problem = version_order_error(versions, self.control.versions_since(sent_at))
+        if versions is None and self.keep_partial_rollouts:
+            raise MissingWeightVersions(
+                f"rollout server {server.address} (SGLang {self._sglang_version(server)}) "
+                f"answered request {rid} without meta_info.weight_versions, which partial "
+                "rollouts (keep_partial_rollouts, for rollout.max_staleness >= 2) need for "
+                "the weight version of every token; SGLang returns them from 0.5.19, this "
+                f"client speaks {api.SGLANG_VERSION}")
+        problem = version_order_error(list(versions or []) + [result.weight_version],
+                                      self.control.versions_since(sent_at))
         if problem:
             self.pool.mark_dead(server, f"request {rid}: {problem}")
-            raise _Retry(f"{server.address}: request {rid}: {problem}", free=True)
+            raise _Retry(f"{server.address}: request {rid}: stale weights: {problem}", free=True)
         return versions
 
     def _keep_cut(self, server: ServerState, rid: str, cut: api.GenerateResult,
