@@ -74,12 +74,18 @@ def test_reference_fleet_is_launched_with_the_memory_saver_in_colocated_mode(mon
     seen = {}
 
     def from_config(cfg, model_path, log_dir, enable_memory_saver, launch, key_file=None,
-                    routing_shape=None):
-        seen.update(saver=enable_memory_saver, launch=launch.__name__)
+                    routing_shape=None, keep_partial_rollouts=False):
+        seen.update(saver=enable_memory_saver, launch=launch.__name__, partial=keep_partial_rollouts)
         return "engine"
 
     monkeypatch.setattr(SGLangEngine, "from_config", staticmethod(from_config))
     assert build_engine(RolloutConfig(engine="reference"), model_path="/m") == "engine"
-    assert seen == {"saver": True, "launch": "launch_reference_fleet"}
-    build_engine(RolloutConfig(engine="sglang", mode="disaggregated"), model_path="/m")
-    assert seen == {"saver": False, "launch": "launch_sglang_fleet"}
+    assert seen == {"saver": True, "launch": "launch_reference_fleet", "partial": False}
+    build_engine(RolloutConfig(engine="sglang", mode="disaggregated"), model_path="/m",
+                 keep_partial_rollouts=True)
+    assert seen == {"saver": False, "launch": "launch_sglang_fleet", "partial": True}
+
+
+def test_partial_rollouts_are_refused_for_the_embedded_engine():
+    with pytest.raises(ValueError, match="partial rollouts need rollout.engine=sglang or reference"):
+        build_engine(RolloutConfig(engine="embedded"), model_path="/m", keep_partial_rollouts=True)

@@ -14,7 +14,9 @@ checked here is what the stand-in could only assume:
 * payloads the server cannot take (a wrong shape kills it, an unknown name is silently ignored)
   are refused by our client before they are sent, and the server lives on;
 * a trainer that died inside a weight update (paused server, open session, its broadcast group
-  still registered) is followed by a new one that recovers the server and updates it.
+  still registered) is followed by a new one that recovers the server and updates it;
+* partial rollouts: samples cut by weight updates mid-generation continue under each new
+  version, every token's log-prob that of the version the server's spans name.
 """
 
 import os
@@ -22,6 +24,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -124,7 +127,6 @@ def test_max_new_tokens_and_stop_token_ids(engine):
 def test_pause_aborts_running_requests_and_continue_resumes(engine, server):
     client = SGLangServerClient(server.address, timeout_s=60, control_timeout_s=60)
     _, tok = build_tiny_policy(seed=0)
-    import threading
 
     result = {}
 
@@ -203,6 +205,58 @@ DEAD_TRAINER = textwrap.dedent("""
     print("inside the update", flush=True)
     time.sleep(600)
 """)
+
+
+def test_partial_rollouts_continue_across_weight_updates_on_the_real_server(engine, server,
+                                                                          model_dir, tmp_path):
+    """Issue 40: two disk updates (new weights, versions 2 and 3) while 16 samples of up to 400
+    tokens generate. Samples cut by a pause keep their tokens and go on under the next version;
+    each token's log-prob equals its version's weights' after the prompt and the earlier tokens
+    (one forward per version over the whole sequence), and differs from the others' (the
+    check can fail). Each sync that cut requests paused in well under SGLang's one-second
+    look (``FleetControl._cut_running``). Nothing of ours is left running, queued or paused."""
+    from tests.test_rollout_sglang_partial_rollout import assert_each_token_from_its_version
+
+    models = {v: build_tiny_policy(seed=seed)[0] for v, seed in (("1", 0), ("2", 12), ("3", 13))}
+    build_transport(WeightSyncConfig(transport="disk", bucket_bytes=1 << 20,
+                                     disk_dir=str(tmp_path / "sync")),
+                    engine, "sglang", mode="disaggregated", config_dir=str(model_dir))
+    engine.keep_partial_rollouts = True
+
+    def sync(version):
+        return engine.update_weights(((n, t.clone()) for n, t in models[version].state_dict().items()),
+                                     version).phases
+
+    _, tok = build_tiny_policy(seed=0)
+    out, cuts = {}, []
+    try:
+        sync("1")
+        worker = threading.Thread(target=lambda: out.setdefault("samples", engine.generate(
+            _requests(tok, n=8)[:2], SamplingParams(max_new_tokens=400, seed=8))), name="test-generate")
+        worker.start()
+        for version in ("2", "3"):
+            time.sleep(0.15)  # ~30 decoding steps: about half the samples still run
+            phases = sync(version)
+            cuts.append((phases["weight_sync/num_interrupted_requests"], phases["weight_sync/pause_s"]))
+        worker.join(120)
+        samples = out["samples"]
+        assert len(samples) == 16 and cuts[0][0] > 0, cuts
+        # aborted first, the pause finds nothing running: not SGLang's one-second second look
+        assert all(pause_s < 0.9 for _, pause_s in cuts), cuts
+        assert all(s.finish_reason in ("stop", "length") and len(s.response_token_ids) <= 400
+                   for s in samples)
+        assert any(len(set(s.token_versions)) > 1 for s in samples), [s.token_versions[::50] for s in samples]
+        assert_each_token_from_its_version(samples, models, 1.0)
+        metrics = engine.partial_rollout_metrics()
+        assert metrics["rollout/partial/num_cut_segments"] >= 1
+        assert metrics["rollout/partial/num_kept_tokens"] == sum(
+            len(s.token_versions) - s.token_versions.count(s.token_versions[-1]) for s in samples)
+        engine.clients[0].flush_cache()  # refused if anything of ours still ran or waited
+        assert engine.clients[0].health(timeout_s=10)  # not paused
+    finally:
+        original, _ = build_tiny_policy(seed=0)
+        engine.keep_partial_rollouts = False
+        engine.update_weights(((n, t.clone()) for n, t in original.state_dict().items()), "orig")
 
 
 def test_a_new_trainer_recovers_a_server_left_mid_update_by_a_killed_one(server, tmp_path):

@@ -31,16 +31,23 @@ from gspo_megatron.rollout.types import RolloutEngine
 
 def build_engine(cfg, model_path: Optional[str] = None, model=None, tokenizer=None,
                  log_dir: Optional[str] = None, key_file: Optional[str] = None,
-                 routing_shape: Optional[RoutingShape] = None) -> RolloutEngine:
+                 routing_shape: Optional[RoutingShape] = None,
+                 keep_partial_rollouts: bool = False) -> RolloutEngine:
     """An engine for ``cfg`` (a ``RolloutConfig``); the caller owns ``shutdown()``.
 
     ``key_file`` (server engines): servers launched here get the keys in it (made when it does
     not exist); attached servers get them when it exists. Every client of this process then
     sends them (``server_keys.use_keys``). ``routing_shape`` (R3): every sample carries the
-    experts the engine routed it to (``rollout/routed_experts.py``)."""
+    experts the engine routed it to (``rollout/routed_experts.py``). ``keep_partial_rollouts``
+    (server engines): a sample cut by a weight sync continues under the new weights
+    (``rollout/sglang/partial_rollout.py``)."""
     record = routing_shape is not None
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.embedded_dtype]
     if cfg.engine == "embedded":
+        if keep_partial_rollouts:
+            raise ValueError("partial rollouts need rollout.engine=sglang or reference: the "
+                             "embedded engine generates a batch in one call and cannot be "
+                             "paused inside it for a weight update")
         size = cfg.embedded_max_batch_size
         if model is not None:
             return EmbeddedEngine(model, tokenizer, max_batch_size=size, record_routing=record)
@@ -66,5 +73,6 @@ def build_engine(cfg, model_path: Optional[str] = None, model=None, tokenizer=No
         return SGLangEngine.from_config(cfg.sglang, model_path, log_dir,
                                         enable_memory_saver=cfg.mode == "colocated", launch=launch,
                                         key_file=key_file if keys is not None else None,
-                                        routing_shape=routing_shape)
+                                        routing_shape=routing_shape,
+                                        keep_partial_rollouts=keep_partial_rollouts)
     raise ValueError(f"rollout.engine={cfg.engine!r} is not one of embedded, sglang, reference")

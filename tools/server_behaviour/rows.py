@@ -67,6 +67,38 @@ ROWS: List[Row] = [
     Row("flush_in_place", "while a long greedy request runs: `/flush_cache`, `/pause_generation "
         "{mode: in_place}`, `/flush_cache`; then continue and abort the request",
         "we pause with `abort`", "the stand-in emulates pause mode `abort` only"),
+    Row("pause_abort_cut", "a long greedy request (500 tokens from `abc`) cut after 0.3 s by "
+        "`/pause_generation {mode: abort}`",
+        "with partial rollouts (`SGLangEngine.keep_partial_rollouts`) the engine keeps the "
+        "tokens but the last, their log-probs and versions: SGLang samples the last one in the "
+        "step that takes the abort and never checks it for EOS, a stop or the length "
+        "(`Req.update_finish_state` returns at `to_finish`). Before pausing, the engine aborts "
+        "its running requests itself (`/abort_request {abort_all}`) until they answered: the "
+        "pause looks again only a second after aborting (`tokenizer_manager.pause_generation`)"),
+    Row("pause_wait", "`/pause_generation {mode: abort}` 0.3 s into a long request; then "
+        "`/abort_request {abort_all}`, the request's answer, and the pause",
+        "the sync aborts its running requests first and waits for their answers "
+        "(`FleetControl._cut_running`): SGLang's pause aborts, then looks again only a second "
+        "later (`tokenizer_manager.pause_generation`: `asyncio.sleep(1.0)`). Measured on the "
+        "real server with 16 samples in flight: 1.05 s per sync before, 0.06 s after",
+        "the stand-in's pause returns as soon as nothing runs"),
+    Row("resume_after_update", "then `/update_weights_from_disk` (other weights, "
+        "`weight_version: v2`), `/flush_cache`, `/continue_generation`, and prompt + the partial "
+        "less its last token sent again (16 new tokens, temperature 1)",
+        "a partial rollout's next segment: the new weights recompute the KV of prompt + partial; "
+        "`max_new_tokens` is what is left; each segment's spans are checked against the "
+        "versions the engine served while it ran (`rollout/sglang/partial_rollout.py`)"),
+    Row("pause_retract", "the same long request paused with `{mode: retract}`, the checkpoint "
+        "loaded again as `v3`, `/flush_cache`, `/continue_generation`",
+        "not used: a retracted request's partial response stays on its server (lost with it, "
+        "bound to it, not saved by a trainer's checkpoint; next row); we pause with `abort` and "
+        "resume from the client", "the stand-in emulates pause mode `abort` only"),
+    Row("abort_retracted", "pause `retract` after 0.6 s, then `/abort_request` of the retracted "
+        "request, `/continue_generation`",
+        "why a trainer could not take a retracted partial response with it: the abort returns "
+        "only what was streamed to the tokenizer (a non-streamed request every "
+        "`SGLANG_FORCE_STREAM_INTERVAL` = 50 tokens, `scheduler_components/output_streamer.py`)",
+        "the stand-in emulates pause mode `abort` only"),
     Row("r3_start", "a server started with `--enable-return-routed-experts` (R3), then a "
         "`return_routed_experts` request: SGLang pins its host buffer with `cudaHostRegister` "
         "(`srt/state_capturer/base.py`, `srt/mem_cache/pool_host/common.py`), which needs a CUDA "

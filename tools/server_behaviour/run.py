@@ -2,8 +2,9 @@
 
 One stand-in process serves the whole run. Real servers, one at a time:
 
-1. the standard CPU server (float32, ``--sleep-on-idle``): every probe that leaves it alive,
-   then the wrong-shape tensor, which kills it;
+1. the standard CPU server (float32, ``--sleep-on-idle``): every probe that leaves it alive
+   (the partial-rollout ones load a second checkpoint and the first again), then the
+   wrong-shape tensor, which kills it;
 2. one with ``--dtype auto`` and without ``--sleep-on-idle``: the dtype and the idle probes,
    then ``/release_memory_occupation``, which kills it;
 3. one with ``--enable-deterministic-inference``, which exits at start (~15 s);
@@ -20,7 +21,7 @@ from typing import Dict, List, Optional
 
 from gspo_megatron.rollout.embedded.engine import EmbeddedEngine
 from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model
-from tools.server_behaviour import probes, probes_server, probes_weights
+from tools.server_behaviour import probes, probes_partial, probes_server, probes_weights
 from tools.server_behaviour.probes import PROMPTS, Context, Observed
 from tools.server_behaviour.servers import (idle_cpu_shares, real_server, real_target, stand_in,
                                             wait_healthy)
@@ -65,6 +66,12 @@ def observe(work: Path, full: bool = False, timings: Optional[Dict[str, float]] 
             seeded = probes.probe_seed(ctx)
             rows += _on_the_standard_server(ctx)
             lap("probes on the standard server")
+            new_dir = save_tiny_model(*build_tiny_policy(seed=12), work / "model_v2")
+            rows += probes_partial.probe_cut_and_resume(
+                ctx, model_dir, new_dir, EmbeddedEngine.from_pretrained(str(new_dir)).model)
+            rows += probes_partial.probe_retract(ctx, model_dir)
+            rows.append(probes_partial.probe_pause_wait(ctx))
+            lap("partial-rollout probes")
             rows.append(probes_weights.probe_wrong_shape(ctx))
             lap("wrong shape (kills it)")
         with real_server(model_dir, work / "real_dtype_auto.log", dtype="auto",

@@ -120,12 +120,16 @@ class EmbeddedEngine(RolloutEngine):
 
     def generate_token_ids(self, prompts: List[List[int]], seeds: List[Optional[int]],
                            params: SamplingParams,
-                           should_stop: Optional[Callable[[], Sequence[bool]]] = None) -> List[GeneratedRow]:
+                           should_stop: Optional[Callable[[], Sequence[bool]]] = None,
+                           abort_takes_a_step: bool = False) -> List[GeneratedRow]:
         """Generate one response per prompt, row i drawing from a generator seeded ``seeds[i]``.
 
         ``should_stop`` (one batch at a time): called before every decoding step, returns one flag
         per row; a flagged row ends with finish reason ``abort`` (cancellation, as SGLang's
-        abort_request), keeping the tokens it has.
+        abort_request), keeping the tokens it has. ``abort_takes_a_step``: as SGLang ends a
+        running request it aborts, the flagged row first takes this step's token, appended
+        without the EOS / stop / length checks (SGLang 0.5.23: ``Req.update_finish_state``
+        returns at ``to_finish`` before them).
         """
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; pass one to EmbeddedEngine")
@@ -136,13 +140,14 @@ class EmbeddedEngine(RolloutEngine):
             end = start + self.max_batch_size
             with self._lock:
                 out.extend(self._generate_rows(prompts[start:end], seeds[start:end], params,
-                                               should_stop))
+                                               should_stop, abort_takes_a_step))
         return out
 
     @torch.no_grad()
     def _generate_rows(self, prompts: List[List[int]], seeds: List[Optional[int]],
                        params: SamplingParams,
-                       should_stop: Optional[Callable[[], Sequence[bool]]] = None) -> List[GeneratedRow]:
+                       should_stop: Optional[Callable[[], Sequence[bool]]] = None,
+                       abort_takes_a_step: bool = False) -> List[GeneratedRow]:
         rows = [GeneratedRow([], []) for _ in prompts]
         gens = make_generators(seeds)
         input_ids, attention = self._left_pad(prompts)
@@ -151,17 +156,24 @@ class EmbeddedEngine(RolloutEngine):
                                record_routing=self.record_routing)
         logits = decoder.prefill(input_ids, attention, params.max_new_tokens)
         for _ in range(params.max_new_tokens):
+            cut = [False] * len(rows)
             if should_stop is not None:
-                for row, stop in zip(rows, should_stop()):
-                    if stop and row.finish_reason is None:
+                for i, (row, stop) in enumerate(zip(rows, should_stop())):
+                    if stop and row.finish_reason is None and abort_takes_a_step:
+                        cut[i] = True
+                    elif stop and row.finish_reason is None:
                         row.finish_reason = "abort"
                 if all(r.finish_reason is not None for r in rows):
                     break
             scaled, sampling = process_logits(logits, params.temperature, params.top_p)
             tokens = draw_tokens(sampling, gens)
             lps = select_logprobs(scaled, sampling, tokens, self.logprob_mode)
-            for row, tok, lp in zip(rows, tokens.tolist(), lps.tolist()):
-                if row.finish_reason is None:
+            for row, tok, lp, last in zip(rows, tokens.tolist(), lps.tolist(), cut):
+                if row.finish_reason is None and last:  # unchecked, as SGLang's abort step
+                    row.tokens.append(tok)
+                    row.logprobs.append(lp)
+                    row.finish_reason = "abort"
+                elif row.finish_reason is None:
                     self._append(row, tok, lp, stop_ids, params)
             alive = [r.finish_reason is None for r in rows]
             if not any(alive):

@@ -136,6 +136,9 @@ class GenerateResult:
     weight_version: Optional[str]
     routed_experts: Optional[str] = None
     """``meta_info["routed_experts"]`` as sent (base64 int32), when the server returned it."""
+    token_versions: Optional[List[str]] = None
+    """The weight version of every output token, from ``meta_info["weight_versions"]`` (None
+    when the server sent no spans)."""
 
 
 def _finish_type(raw: Any) -> str:
@@ -172,7 +175,29 @@ def parse_generate_response(body: Any) -> GenerateResult:
                           finish_reason=_finish_type(meta.get("finish_reason")),
                           e2e_latency_s=float(latency) if latency is not None else None,
                           weight_version=meta.get("weight_version"),
-                          routed_experts=meta.get("routed_experts"))
+                          routed_experts=meta.get("routed_experts"),
+                          token_versions=_token_versions(meta.get("weight_versions"), len(token_ids)))
+
+
+def _token_versions(spans: Any, num_tokens: int) -> Optional[List[str]]:
+    """One version per output token from SGLang's ``weight_versions`` spans
+    (``srt/utils/weight_versions.py: add_weight_versions_to_meta_info``): ``[{version, start,
+    end}]`` tiling ``0 .. completion_tokens`` in order (one empty span when there are none)."""
+    if spans is None:
+        return None
+    out: List[str] = []
+    well_formed = isinstance(spans, list) and bool(spans)
+    for span in spans if well_formed else ():
+        if not (isinstance(span, dict) and isinstance(span.get("version"), str)
+                and isinstance(span.get("start"), int) and isinstance(span.get("end"), int)
+                and span["start"] == len(out) and span["end"] >= span["start"]):
+            well_formed = False
+            break
+        out.extend([span["version"]] * (span["end"] - span["start"]))
+    if not well_formed or len(out) != num_tokens:
+        raise ProtocolError(f"meta_info.weight_versions {str(spans)[:200]} does not tile the "
+                            f"{num_tokens} output tokens")
+    return out
 
 
 def generate_response(rid: str, prompt_len: int, token_ids: List[int], logprobs: List[float],

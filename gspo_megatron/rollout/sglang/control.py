@@ -4,8 +4,13 @@ Weight sync (``begin`` ... transport sends buckets ... ``finish``), each phase o
 server in parallel and timed:
 
 1. ``/pause_generation {mode: abort}``: new requests wait, running ones are aborted, and the call
-   returns once nothing runs (tokenizer_manager.pause_generation). Without it a flush after the
-   update is refused while requests run (scheduler.flush_cache) and the update fails.
+   returns once nothing runs (tokenizer_manager.pause_generation). When requests of ours run,
+   ``/abort_request {abort_all}`` first, until they answered (:meth:`FleetControl._cut_running`:
+   SGLang's pause looks again only a second after aborting). Without it a flush after the
+   update is refused while requests run (scheduler.flush_cache) and the update fails. The
+   engine's own workers also wait, client-side, until the sync ends (:meth:`wait_open`): a
+   request sent meanwhile would only wait at the server's gate (or, cut by the pause, be
+   resumed: partial rollouts, ``rollout/sglang/partial_rollout.py``).
 2. ``/abort_request {rid}`` for every request id the client sent and was not answered, including
    attempts it gave up on (those keep generating on their server otherwise).
 3. ``/resume_memory_occupation {tags: [weights]}`` when the weights were released (colocated).
@@ -28,6 +33,7 @@ the server, the endpoint and SGLang's message.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from contextlib import contextmanager
 from typing import Dict, Iterator, List, Optional, Sequence, Set
@@ -49,14 +55,49 @@ class FleetControl:
         self.flush_retry_s = flush_retry_s
         self.cancel_timeout_s = 30.0
         """Per call of :meth:`cancel` (end session, flush, continue) after a failed update."""
-        self.weight_version: Optional[str] = None
+        self.cut_timeout_s = 5.0
+        self.cut_poll_s = 0.05
+        """:meth:`_cut_running`: at most this long, aborting every ``cut_poll_s``."""
         self.released: Set[str] = set()
         """Memory tags released on the servers (colocated mode)."""
         self.paused = False
         self.pause_epoch = 0
         """Bumped at every pause: an ``abort`` finish of a request sent before it was ours."""
         self.phases: Dict[str, float] = {}
+        self.num_interrupted = 0
+        """Requests of ours in flight when the last sync paused (cut, or retried)."""
         self._session = False
+        self._open = threading.Event()
+        self._open.set()
+        self._versions: List[Optional[str]] = [None]
+        """Every version the engine served, in order (None: before its first sync)."""
+        self._versions_lock = threading.Lock()
+
+    def wait_open(self, timeout_s: float) -> bool:
+        """Block while generation is paused by us (a sync, or released memory); False if it
+        did not reopen within ``timeout_s``."""
+        return self._open.wait(timeout_s)
+
+    @property
+    def weight_version(self) -> Optional[str]:
+        """The version the engine serves: the last sync's (None before the first)."""
+        with self._versions_lock:
+            return self._versions[-1]
+
+    @weight_version.setter
+    def weight_version(self, version: Optional[str]) -> None:
+        with self._versions_lock:
+            self._versions.append(version)
+
+    def version_index(self) -> int:
+        """Where the engine's version history stands (:meth:`versions_since` takes it)."""
+        with self._versions_lock:
+            return len(self._versions) - 1
+
+    def versions_since(self, index: int) -> List[Optional[str]]:
+        """The versions served from history position ``index`` (a request's sending) to now."""
+        with self._versions_lock:
+            return list(self._versions[index:])
 
     @contextmanager
     def _phase(self, name: str) -> Iterator[None]:
@@ -73,19 +114,39 @@ class FleetControl:
     # --- pause / abort ----------------------------------------------------------------------
     def pause_and_abort(self) -> None:
         """Phases 1 and 2: nothing of ours runs on any member afterwards."""
+        self._open.clear()
         self.pause_epoch += 1
         self.paused = True
-        self._all("pause", lambda s: s.client.pause_generation("abort"))
+        self.num_interrupted = self.pool.num_outstanding()
+        with self._phase("pause"):
+            if self.num_interrupted:
+                self._cut_running()
+            self.pool.on_members(lambda s: s.client.pause_generation("abort"), "pause")
         self._all("abort", self._abort_sent)
 
+    def _cut_running(self) -> None:
+        """Abort what runs and wait for our requests' answers, so that the pause finds nothing
+        running. SGLang's ``/pause_generation {mode: abort}`` aborts everything, then looks
+        again only a second later (tokenizer_manager.pause_generation: ``asyncio.sleep(1.0)``
+        while its model_update_lock is held): ~1 s per sync that cuts requests, ~ms this way.
+        The pause after it still catches a request that was on its way."""
+        deadline = time.monotonic() + self.cut_timeout_s
+        while self.pool.num_outstanding() and time.monotonic() < deadline:
+            self.pool.on_members(lambda s: s.client.abort_request(abort_all=True, timeout_s=10.0),
+                                 "abort")
+            self.pool.wait_no_outstanding(self.cut_poll_s)
+
     def _abort_sent(self, s: ServerState) -> None:
-        for rid in sorted(s.sent_rids):
+        for rid in self.pool.take_sent(s):
             s.client.abort_request(rid)
-        s.sent_rids.clear()
 
     def _continue(self) -> None:
         self._all("continue", lambda s: s.client.continue_generation())
+        self._reopen()
+
+    def _reopen(self) -> None:
         self.paused = False
+        self._open.set()
 
     # --- weight sync ------------------------------------------------------------------------
     def begin(self, session: bool = True) -> List[str]:
@@ -145,11 +206,12 @@ class FleetControl:
                 except (ServerUnavailable, api.ServerRefused) as exc:
                     log.warning("cleanup on %s after a failed weight sync: %s", s.address, exc)
         self._session = False
-        self.paused = False
+        self._reopen()
 
     def metrics(self) -> Dict[str, float]:
         out = {f"weight_sync/{k}_s": v for k, v in self.phases.items()}
         out["weight_sync/num_servers"] = float(len(self.pool.members))
+        out["weight_sync/num_interrupted_requests"] = float(self.num_interrupted)
         # servers out of rotation before or during this update: they did not get it
         out["weight_sync/num_skipped_servers"] = float(len(self.pool.dead))
         if self.pool.dead:

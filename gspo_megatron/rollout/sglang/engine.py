@@ -10,8 +10,15 @@ Failure handling, per sample: a connection error, timeout, HTTP 5xx, malformed b
 (:mod:`rollout.sglang.server_pool`). Each sample is owned by one task that accepts exactly one answer,
 so no sample is lost or duplicated; an attempt the client gave up on (timeout) is aborted on its
 server by request id, since SGLang would otherwise keep generating it. An abort caused by our own
-weight-sync pause is retried without counting as a failure. A sample that exhausts its retries
-fails the batch with an error naming it.
+weight-sync pause is retried without counting as a failure; with ``keep_partial_rollouts`` its
+partial response is kept and continued under the new weights instead
+(:mod:`rollout.sglang.partial_rollout`). A sample that exhausts its retries fails the batch with
+an error naming it.
+
+Thread-safe: several threads may call :meth:`SGLangEngine.generate` at once (each call runs its
+own workers; a sample key may be in one call at a time) while another runs a weight sync; the
+workers then wait, client-side, until the sync has continued generation. ``metrics`` describes
+the last call to finish.
 
 Weight syncs and colocated memory go through :mod:`rollout.sglang.control` (pause, abort,
 session, flush, continue; release / resume).
@@ -23,43 +30,28 @@ import logging
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from typing import Dict, Iterator, List, Optional, Sequence, Set
+from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
-import torch
-
-from gspo_megatron.rollout.routed_experts import MalformedRouting, RoutingShape, decode_sglang
+from gspo_megatron.rollout.routed_experts import RoutingShape
 from gspo_megatron.rollout.sglang import api
 from gspo_megatron.rollout.sglang.client import SGLangServerClient, ServerUnavailable
 from gspo_megatron.rollout.sglang.control import FleetControl
-from gspo_megatron.rollout.sglang.server_pool import NoLiveServer, ServerPool, ServerState
+from gspo_megatron.rollout.sglang.partial_rollout import PartialRolloutStats, integer_versions
+from gspo_megatron.rollout.sglang.sample_runner import (HEALTH_PROBE_S, BatchCounts, SampleFailed,
+                                                        SampleRunner)
+from gspo_megatron.rollout.sglang.server_pool import ServerPool
 from gspo_megatron.rollout.types import (GenerationRequest, RolloutEngine, Sample, SamplingParams,
-                                         expand_requests, sample_seed)
+                                         expand_requests)
 
 log = logging.getLogger(__name__)
-
-
-class SampleFailed(RuntimeError):
-    """A sample failed on every server it was tried on."""
 
 
 class RolloutStalled(SampleFailed):
     """No sample of a batch finished within the longest time one sample's attempts may take."""
 
 
-HEALTH_PROBE_S = 5.0
-"""The health probe after a failed attempt (``_on_failure``)."""
-
-
 class ServerSetupError(RuntimeError):
     """A server that is up but was started in a way this run cannot use (checked at attach)."""
-
-
-class _Retry(Exception):
-    """An attempt to run again elsewhere; ``free``: caused by our own pause, not a failure."""
-
-    def __init__(self, message: str, free: bool = False) -> None:
-        super().__init__(message)
-        self.free = free
 
 
 BIND_FAILURE = "error while attempting to bind on address"
@@ -78,12 +70,13 @@ def _failed_to_bind(log_path: Optional[str]) -> bool:
         return False
 
 
-class SGLangEngine(RolloutEngine):
+class SGLangEngine(SampleRunner, RolloutEngine):
     """Rollouts on N HTTP servers speaking SGLang's native API."""
 
     def __init__(self, addresses: Sequence[str], request_timeout_s: float = 600.0,
                  max_retries: int = 3, health_timeout_s: float = 900.0,
-                 max_concurrency_per_server: int = 64, launcher=None, server_tp_size: int = 1) -> None:
+                 max_concurrency_per_server: int = 64, launcher=None, server_tp_size: int = 1,
+                 keep_partial_rollouts: bool = False) -> None:
         super().__init__()
         if not addresses:
             raise ValueError("SGLangEngine needs at least one server address (host:port)")
@@ -99,20 +92,31 @@ class SGLangEngine(RolloutEngine):
         """Attached servers of a colocated run must run with ``--enable-memory-saver``."""
         self.routing_shape: Optional[RoutingShape] = None
         """Set (R3): ask every sample's routed experts and decode them to this shape."""
+        self.keep_partial_rollouts = keep_partial_rollouts
+        """A request cut by our own weight-sync pause keeps what it generated and continues
+        under the new weights (``rollout/sglang/partial_rollout.py``); off: it starts again
+        from its prompt. The trainer sets it for ``rollout.max_staleness >= 2``."""
+        self.partial_stats = PartialRolloutStats()
         self._count_lock = threading.Lock()
         self._num_retries = 0
+        """Retried attempts since the engine started (every call)."""
+        self._active: Set[Tuple[str, int]] = set()
+        """Sample keys some generate call is working on (their request ids name them)."""
+        self._sglang_versions: Dict[str, str] = {}
 
     @classmethod
     def from_config(cls, cfg, model_path: Optional[str] = None, log_dir: Optional[str] = None,
                     enable_memory_saver: bool = False, launch=None,
                     key_file: Optional[str] = None,
-                    routing_shape: Optional[RoutingShape] = None) -> "SGLangEngine":
+                    routing_shape: Optional[RoutingShape] = None,
+                    keep_partial_rollouts: bool = False) -> "SGLangEngine":
         """Attach to ``cfg.server_addresses``, or start ``cfg.num_servers`` with ``launch(cfg,
         model_path, log_dir=..., enable_memory_saver=..., key_file=...)`` (SGLang by default;
         launched servers require the keys in ``key_file``, ``rollout/sglang/server_keys.py``); then wait
         for health and check every server runs SGLang :data:`api.SGLANG_VERSION`.
         ``routing_shape`` (R3): launched servers capture routed experts and every sample returns
-        them (attached servers must run with ``--enable-return-routed-experts``)."""
+        them (attached servers must run with ``--enable-return-routed-experts``).
+        ``keep_partial_rollouts``: see the attribute."""
         launcher, addresses = None, list(cfg.server_addresses)
         if not addresses:
             if model_path is None:
@@ -125,7 +129,8 @@ class SGLangEngine(RolloutEngine):
             addresses = launcher.addresses
         engine = cls(addresses, cfg.request_timeout_s, cfg.max_retries, cfg.health_timeout_s,
                      max_concurrency_per_server=cfg.max_concurrency_per_server,
-                     launcher=launcher, server_tp_size=cfg.tp)
+                     launcher=launcher, server_tp_size=cfg.tp,
+                     keep_partial_rollouts=keep_partial_rollouts)
         engine.require_memory_saver = enable_memory_saver and launcher is None
         engine.routing_shape = routing_shape
         return engine._start(recover=launcher is None)
@@ -216,6 +221,7 @@ class SGLangEngine(RolloutEngine):
                     "rollout.mode=colocated needs to release its memory while the learner "
                     "trains; restart it with the flag, or set rollout.mode=disaggregated")
             version = info.get("version")
+            self._sglang_versions[s.address] = str(version)
             if version != api.SGLANG_VERSION:
                 raise RuntimeError(f"rollout server {s.address} runs SGLang {version}; this client "
                                    f"speaks SGLang {api.SGLANG_VERSION} (its pause / weight-update "
@@ -242,92 +248,6 @@ class SGLangEngine(RolloutEngine):
         return out
 
     # --- generation -------------------------------------------------------------------------
-    def _attempt(self, server: ServerState, rid: str, payload: Dict, epoch: int) -> api.GenerateResult:
-        self.pool.sent(server, rid)
-        try:
-            result = server.client.generate(payload)
-        except ServerUnavailable as exc:
-            if exc.timed_out:  # the server may still be generating it: tell it to stop
-                try:
-                    server.client.abort_request(rid, timeout_s=5.0)
-                    self.pool.answered(server, rid)
-                except (ServerUnavailable, api.ServerRefused):
-                    pass  # stays in sent_rids; the next sync aborts it
-            else:
-                self.pool.answered(server, rid)
-            raise
-        self.pool.answered(server, rid)
-        if result.finish_reason == "abort":
-            raise _Retry(f"{server.address}: request {rid} aborted",
-                         free=self.control.pause_epoch != epoch)
-        current = self.control.weight_version
-        if current is not None and result.weight_version != current:
-            self.pool.mark_dead(server, f"answered with weights {result.weight_version!r}, "
-                                        f"expected {current!r}")
-            raise _Retry(f"{server.address}: stale weights {result.weight_version!r}", free=True)
-        return result
-
-    def _run_sample(self, req: GenerationRequest, idx: int, params: SamplingParams) -> Sample:
-        seed = sample_seed(params.seed, req.prompt_id, idx)
-        payload_base = api.generate_payload("", list(req.prompt_token_ids), params, seed,
-                                            return_routed_experts=self.routing_shape is not None)
-        tried: Set[str] = set()
-        errors: List[str] = []
-        start = time.perf_counter()
-        attempt = failures = 0
-        while failures <= self.max_retries:
-            try:
-                server = self.pool.acquire(tried, self.control.weight_version)
-            except NoLiveServer as exc:
-                raise SampleFailed(f"sample (prompt_id={req.prompt_id!r}, sample_index={idx}): "
-                                   f"{exc}; errors so far: {errors}") from exc
-            rid = f"{req.prompt_id}/{idx}/{attempt}"
-            attempt += 1
-            try:
-                result = self._attempt(server, rid, dict(payload_base, rid=rid), self.control.pause_epoch)
-            except _Retry as exc:
-                errors.append(str(exc))
-                failures += 0 if exc.free else 1
-                with self._count_lock:
-                    self._num_retries += 1
-                continue
-            except (ServerUnavailable, api.ProtocolError) as exc:
-                errors.append(str(exc))
-                tried.add(server.address)
-                failures += 1
-                self._on_failure(server, exc)
-                continue
-            finally:
-                self.pool.release(server)
-            return Sample(prompt_id=req.prompt_id, sample_index=idx,
-                          prompt_token_ids=list(req.prompt_token_ids),
-                          response_token_ids=result.token_ids, response_logprobs=result.logprobs,
-                          finish_reason=result.finish_reason,
-                          latency_s=time.perf_counter() - start,
-                          weight_version=result.weight_version,
-                          routed_experts=self._routed_experts(server, rid, result))
-        raise SampleFailed(f"sample (prompt_id={req.prompt_id!r}, sample_index={idx}) failed "
-                           f"{self.max_retries + 1} attempts: {errors}")
-
-    def _routed_experts(self, server: ServerState, rid: str,
-                        result: api.GenerateResult) -> Optional[torch.Tensor]:
-        """The sample's routing (R3), decoded; a server that left it out was started without the
-        capture flag, which no retry mends: :class:`MalformedRouting` ends the batch."""
-        if self.routing_shape is None:
-            return None
-        where = f"{server.address}, request {rid}"
-        if result.routed_experts is None:
-            raise MalformedRouting(f"{where}: the answer has no meta_info.routed_experts, which "
-                                   "algo.routing_replay=rollout replays; start the server with "
-                                   "--enable-return-routed-experts")
-        return decode_sglang(result.routed_experts, self.routing_shape, where)
-
-    def _on_failure(self, server: ServerState, exc: Exception) -> None:
-        with self._count_lock:
-            self._num_retries += 1
-        if not server.client.health(timeout_s=HEALTH_PROBE_S):
-            self.pool.mark_dead(server, str(exc))
-
     def stall_timeout_s(self) -> float:
         """The longest wait for a batch's next sample: each attempt of a sample is bounded by
         ``request_timeout_s`` and the health probe after it, ``max_retries + 1`` counted attempts
@@ -335,20 +255,57 @@ class SGLangEngine(RolloutEngine):
         can fire, and :meth:`generate_iter` raises instead of waiting forever."""
         return (self.max_retries + 2) * (self.request_timeout_s + HEALTH_PROBE_S)
 
+    def partial_rollout_metrics(self) -> Dict[str, float]:
+        """Partial rollouts since the engine started (``rollout/partial/*``: segments cut by our
+        pauses, resumed, tokens kept and dropped, samples, samples of more than one version);
+        the difference of two reads is one step's. Per sync, ``finish_weight_update`` reports
+        ``weight_sync/num_interrupted_requests``."""
+        return self.partial_stats.as_metrics()
+
+    def _check_partial(self, params: SamplingParams) -> None:
+        """What partial rollouts cannot do, refused before anything is sent."""
+        if params.stop:
+            raise ValueError("keep_partial_rollouts: stop strings are not supported: SGLang "
+                             "matches a stop string against one request's own output "
+                             "(schedule_batch.Req.tail_str), so one split across two segments "
+                             "of a resumed rollout would go unseen; use stop_token_ids")
+        if integer_versions([self.control.weight_version]) is None:
+            raise ValueError(f"keep_partial_rollouts: the engine serves weight version "
+                             f"{self.control.weight_version!r}; partial rollouts record every "
+                             "token's version as a learner step: sync weights with "
+                             "weight_version=str(step) before generating")
+
+    def _claim(self, work) -> List[Tuple[str, int]]:
+        keys = [(req.prompt_id, idx) for req, idx in work]
+        with self._count_lock:
+            busy = sorted(self._active.intersection(keys))
+            if busy:
+                raise ValueError(f"samples {busy[:4]} are being generated by another generate() "
+                                 "call on this engine (their request ids would collide)")
+            self._active.update(keys)
+        return keys
+
     def generate_iter(self, requests: Sequence[GenerationRequest],
                       params: SamplingParams) -> Iterator[Sample]:
         """Yield each sample as soon as it is done (completion order)."""
+        return self._iter(requests, params, BatchCounts())
+
+    def _iter(self, requests: Sequence[GenerationRequest], params: SamplingParams,
+              counts: BatchCounts) -> Iterator[Sample]:
         if self.control.released:
             raise RuntimeError(f"rollout servers hold no memory for {sorted(self.control.released)}; "
                                "call resume_memory() before generating")
+        if self.keep_partial_rollouts:
+            self._check_partial(params)
         work = expand_requests(requests)
         if not work:
             return
         self.pool.readmit_current(self.control.weight_version)
+        keys = self._claim(work)
         workers = min(len(work), self.max_concurrency_per_server * len(self.pool.servers))
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout")
         try:
-            pending = {pool.submit(self._run_sample, req, idx, params) for req, idx in work}
+            pending = {pool.submit(self._run_sample, req, idx, params, counts) for req, idx in work}
             stall_s = self.stall_timeout_s()
             while pending:
                 done, pending = wait(pending, timeout=stall_s, return_when=FIRST_COMPLETED)
@@ -362,11 +319,13 @@ class SGLangEngine(RolloutEngine):
                     yield fut.result()  # re-raises SampleFailed
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
+            with self._count_lock:
+                self._active.difference_update(keys)
 
     def _generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> List[Sample]:
-        self._num_retries = 0
-        samples = list(self.generate_iter(requests, params))
-        self.metrics.num_retries = self._num_retries
+        counts = BatchCounts()
+        samples = list(self._iter(requests, params, counts))
+        self.metrics.num_retries = counts.num_retries
         return samples
 
     # --- weight sync protocol and memory (rollout/sglang/control.py) ------------------------

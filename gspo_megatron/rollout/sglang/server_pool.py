@@ -55,7 +55,7 @@ class ServerPool:
         if not clients:
             raise ValueError("a rollout server pool needs at least one server address (host:port)")
         self.servers = [ServerState(c) for c in clients]
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
 
     @property
     def members(self) -> List[ServerState]:
@@ -84,6 +84,18 @@ class ServerPool:
     def release(self, server: ServerState) -> None:
         with self._lock:
             server.outstanding -= 1
+            self._lock.notify_all()
+
+    def num_outstanding(self) -> int:
+        """Requests of this engine in flight on any server."""
+        with self._lock:
+            return sum(s.outstanding for s in self.servers)
+
+    def wait_no_outstanding(self, timeout_s: float) -> bool:
+        """Block until no request of this engine is in flight; False after ``timeout_s``."""
+        with self._lock:
+            return self._lock.wait_for(lambda: not any(s.outstanding for s in self.servers),
+                                       timeout=timeout_s)
 
     def sent(self, server: ServerState, rid: str) -> None:
         with self._lock:
@@ -92,6 +104,13 @@ class ServerPool:
     def answered(self, server: ServerState, rid: str) -> None:
         with self._lock:
             server.sent_rids.discard(rid)
+
+    def take_sent(self, server: ServerState) -> List[str]:
+        """The ids sent to ``server`` and not answered, forgotten here (the sync aborts them),
+        while workers may be adding and answering others."""
+        with self._lock:
+            rids, server.sent_rids = sorted(server.sent_rids), set()
+        return rids
 
     def mark_dead(self, server: ServerState, reason: str) -> None:
         with self._lock:

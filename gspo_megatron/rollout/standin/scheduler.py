@@ -9,7 +9,9 @@ State that SGLang's tokenizer manager and scheduler keep, and the rules the stan
   until ``/continue_generation``; running ones are aborted; the call returns once none runs.
   Modes ``retract`` / ``in_place`` are refused (stricter: not emulated).
 - abort (``abort_request``): by request id or all; an aborted request finishes with
-  ``finish_reason {type: abort}`` and the tokens it had. A client that disconnects is aborted too.
+  ``finish_reason {type: abort}``, the tokens it had and their log-probs, and, as SGLang ends a
+  running request it aborts (``Req.to_finish``), one more token it sampled without checking it
+  for EOS, a stop or the length. A client that disconnects is aborted too.
 - idle (``scheduler.is_fully_idle``): no admitted request; what a flush, a weight update's flush
   and ``release_memory_occupation`` require.
 - memory (``weight_updater.release/resume_memory_occupation``): released tags; generating or
@@ -189,7 +191,8 @@ class ReferenceScheduler:
                 return [j.cancelled.is_set() for j in jobs]
             try:
                 rows = self.engine.generate_token_ids([j.prompt for j in jobs], [j.seed for j in jobs],
-                                                      params, should_stop=should_stop)
+                                                      params, should_stop=should_stop,
+                                                      abort_takes_a_step=True)
                 for j, row in zip(jobs, rows):
                     j.result = row
             except Exception as exc:  # report to every waiting request, keep serving
