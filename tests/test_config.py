@@ -133,6 +133,8 @@ def test_missing_file_and_cycle_are_reported(tmp_path):
       "algo.old_logprob_source=rollout"], "algo.old_logprob_source: 'rollout' under"),
     (["rollout.max_staleness=2", "rollout.engine=reference", "rollout.mode=disaggregated",
       "algo.routing_replay=learner"], "algo.routing_replay: with rollout.max_staleness > 0"),
+    (["rollout.max_staleness=2", "rollout.engine=reference", "rollout.mode=disaggregated",
+      "rollout.stop=[END]"], "rollout.stop: \\['END'\\]: stop strings cannot carry over"),
     (["rollout.max_staleness=1", "algo.routing_replay=learner"],
      "algo.routing_replay: with rollout.max_staleness > 0"),
 ])

@@ -285,6 +285,10 @@ def _check_async(cfg, check) -> None:
           f"{r.max_staleness} needs servers that pause and resume requests across a weight "
           f"update (rollout.engine=sglang or reference); rollout.engine={r.engine} generates a "
           "batch at a time and cannot; use rollout.max_staleness <= 1 with it")
+    check(not r.stop, "rollout.stop",
+          f"{list(r.stop)}: stop strings cannot carry over a partial rollout (SGLang matches them "
+          "only within one request's output, and a request cut by a weight sync goes on as a "
+          "new one); under rollout.max_staleness >= 2 stop on token ids (the tokenizer's eos)")
     check(a.old_logprob_source == "learner", "algo.old_logprob_source",
           "'rollout' under rollout.max_staleness >= 2 would make pi_old the engine's mixture of "
           "stale weight versions, so the clip would hold the update near a point the learner no "

@@ -172,9 +172,11 @@ class AsyncRollouts:
             self._last_counters[key] = gauges[key]
         metrics["async/in_flight_groups"] = gauges["in_flight_groups"]
         metrics["async/buffer_groups"] = gauges["buffer_groups"]
-        resumed = getattr(self.engine, "partial_rollout_metrics", None)
-        if resumed is not None:
-            metrics.update({f"async/{k}": v for k, v in resumed().items()})
+        partial = getattr(self.engine, "partial_rollout_metrics", None)
+        if partial is not None:  # per step, from the engine's running totals
+            for key, total in partial().items():
+                metrics[key] = total - self._last_counters.get(key, 0.0)
+                self._last_counters[key] = total
         rewards = out.rewards
         metrics.update({
             "reward/mean": sum(rewards) / len(rewards),

@@ -87,6 +87,7 @@ class TrainerParts:
 def _start_engine(cfg, run_dir: Path):
     """The rollout engine (main rank). Started before the learner is built, so a server fleet or
     the embedded engine's process loads its model meanwhile (its handshake is read at first use)."""
+    from gspo_megatron.config.schema import rollout_staleness
     from gspo_megatron.rollout.factory import build_engine
     from gspo_megatron.rollout.sglang.server_keys import key_file_path
     from gspo_megatron.trainer.batching import rollout_routing_shape
@@ -94,7 +95,8 @@ def _start_engine(cfg, run_dir: Path):
     r = cfg.rollout
     return build_engine(r, model_path=cfg.model.hf_path, log_dir=str(run_dir / "logs"),
                         key_file=key_file_path(r.sglang.key_file, str(run_dir)),
-                        routing_shape=rollout_routing_shape(cfg))
+                        routing_shape=rollout_routing_shape(cfg),
+                        keep_partial_rollouts=rollout_staleness(r) >= 2)
 
 
 def _build_weight_sync(parts: TrainerParts, cfg, runtime):
