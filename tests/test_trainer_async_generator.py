@@ -35,9 +35,12 @@ class ScriptedEngine:
         self.max_running = 0
         self.seeds: List[int] = []
         self.fail_on = None
+        self.hold = {}
+        """prompt id prefix -> Event: that group answers only once it is set."""
 
     def generate(self, requests, params):
         (req,) = requests
+        v = self.version  # its tokens start with the weights served when it was sent
         with self.lock:
             self.running += 1
             self.max_running = max(self.max_running, self.running)
@@ -45,9 +48,11 @@ class ScriptedEngine:
         try:
             if not self.gate.wait(timeout=20):
                 raise RuntimeError("gate never opened")
+            for prefix, event in self.hold.items():
+                if req.prompt_id.startswith(prefix) and not event.wait(timeout=20):
+                    raise RuntimeError("held group never released")
             if self.fail_on is not None and req.prompt_id.startswith(self.fail_on):
                 raise RuntimeError("server exploded")
-            v = self.version
             return [Sample(req.prompt_id, i, list(req.prompt_token_ids), [5, 6, 7], [-1.0] * 3,
                            "stop", 0.0, weight_version=str(v), token_versions=[v] * 3)
                     for i in range(req.n)]
@@ -90,7 +95,7 @@ def test_admission_stops_at_k_plus_one_batches_and_the_in_flight_cap():
         assert len({g.index for g in groups}) == 3 and all(g.index < 9 for g in groups)
         time.sleep(0.3)  # no room until the weights after this batch's update are synced
         assert gen._admitted == 9 and gen.gauges()["buffer_groups"] == 6
-        gen.synced()
+        gen.synced(engine.version)
         wait_for(lambda: gen.gauges()["buffer_groups"] == 9)  # room for exactly 3 more
         time.sleep(0.3)
         assert gen._admitted == 12
@@ -150,7 +155,7 @@ def test_an_engine_error_ends_take_naming_the_prompt():
         with pytest.raises(GeneratorFailed, match=r"'p001'.*server exploded"):
             for _ in range(5):
                 gen.take(lambda v: 0)
-                gen.synced()
+                gen.synced(engine.version)
     finally:
         gen.close()
 
@@ -178,7 +183,7 @@ def test_a_resumed_generator_neither_loses_nor_repeats_a_prompt():
         gen.start()
         for _ in range(2):
             taken += [g.record.prompt_id for g in gen.take(lambda v: 0)[0]]
-            gen.synced()
+            gen.synced(engine.version)
         engine.gate.clear()  # the next groups stay in flight
         wait_for(lambda: gen.gauges()["in_flight_groups"] == 3)
         state = gen.snapshot()
@@ -199,11 +204,11 @@ def test_a_resumed_generator_neither_loses_nor_repeats_a_prompt():
         after: List[str] = []
         while len(after) < 15:
             after += [g.record.prompt_id for g in resumed.take(lambda v: 0)[0]]
-            resumed.synced()
+            resumed.synced(engine2.version)
     finally:
         resumed.close()
     # the buffer's groups come first, the re-generated ones are there, nothing twice, no gap
-    assert after[:len(saved_buffer)] == saved_buffer
+    assert set(after[:len(saved_buffer)]) == set(saved_buffer)
     assert set(saved_flight) <= set(after)
     everything = taken + after
     assert len(everything) == len(set(everything))  # nothing twice
@@ -214,3 +219,36 @@ def test_a_resumed_generator_neither_loses_nor_repeats_a_prompt():
     # a re-generated group keeps its admission seed
     flight_indices = [i for i, _ in state["in_flight"]]
     assert {group_seed(3, i) for i in flight_indices} <= set(engine2.seeds)
+
+
+def test_a_slow_group_at_its_last_chance_is_waited_for_not_dropped():
+    """The bound is kept by waiting: the long response admitted k steps ago trains this step
+    (dropping it would bias every batch towards short responses)."""
+    engine = ScriptedEngine()
+    slow = threading.Event()
+    engine.hold = {"p000": slow}
+    gen = make(engine, k=2, per_step=3, in_flight=3)
+    trained = {"steps": 0}
+    lag_of = lambda v: trained["steps"] - v  # noqa: E731  (version = RL step here)
+    try:
+        gen.synced(0)
+        gen.start()
+        taken: List[str] = []
+        for step in (1, 2):  # p000 is young: younger finished groups may go first
+            taken += [g.record.prompt_id for g in gen.take(lag_of)[0]]
+            trained["steps"] = step
+            engine.version = step
+            gen.synced(step)
+        assert "p000" not in taken
+        done = {}
+        waiter = threading.Thread(target=lambda: done.setdefault("groups", gen.take(lag_of)[0]))
+        waiter.start()
+        time.sleep(0.5)
+        assert waiter.is_alive(), "step 3 took younger groups while p000 was due"
+        slow.set()
+        waiter.join(timeout=10)
+        assert [g.record.prompt_id for g in done["groups"]][0] == "p000"
+        assert gen.gauges()["dropped_stale_groups"] == 0
+    finally:
+        slow.set()
+        gen.close()

@@ -140,6 +140,27 @@ def test_max_staleness_0_and_1_are_the_on_policy_and_one_step_runs(assets, tmp_p
     assert runs["k0"] != runs["k1"]  # the two modes do differ: the comparison could fail
 
 
+@pytest.mark.slow
+def test_max_staleness_2_on_two_gloo_ranks_with_a_reference_server(assets, tmp_path):
+    """k = 2 with a TP=2 learner: the main rank's generator feeds both ranks (broadcast), the
+    proximal pass and the update are collective, a checkpoint holds the main rank's state on
+    every rank, and no step trains a token more than 2 steps after its weights."""
+    from gspo_megatron.distributed.runtime import free_port
+
+    extra = ["parallel.tp=2", "parallel.sp=true", "algo.old_logprob_source=learner",
+             "algo.tis.enabled=true", "algo.tis.level=sequence", "trainer.num_steps=4",
+             "rollout.engine=reference", "rollout.mode=disaggregated", "rollout.max_staleness=2",
+             f"rollout.sglang.port={free_port()}", "rollout.sglang.health_timeout_s=300",
+             "checkpoint.save_every_steps=2"]
+    results = run_on_ranks(_train, world_size=2, timeout_s=600,
+                           overrides=_overrides(assets, tmp_path, *extra))
+    assert [r["code"] for r in results] == [0, 0]
+    rows = _check_run(tmp_path, 4)
+    assert [r["rollout/policy_lag_steps"] <= 2 for r in rows[1:]] == [True] * 4
+    assert max(r["async/lag_mean"] for r in rows[1:]) > 0  # it did train on stale samples
+    assert (tmp_path / "async_groups.jsonl").is_file()
+
+
 def _spawn(assets, run_dir: Path, *extra: str) -> subprocess.Popen:
     """gspo-train in a child process; its stderr goes to ``<run_dir>.log`` (read by _tail)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))

@@ -104,7 +104,7 @@ class AsyncRollouts:
         self._trained = trained_steps
         self._version_step[int(self.learner.step)] = trained_steps
         if self.generator is not None:
-            self.generator.synced()
+            self.generator.synced(int(self.learner.step))
 
     def lag_of(self, version: int) -> int:
         """RL steps the learner has trained since the weights of ``version`` were synced."""
