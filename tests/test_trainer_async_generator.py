@@ -252,3 +252,18 @@ def test_a_slow_group_at_its_last_chance_is_waited_for_not_dropped():
     finally:
         slow.set()
         gen.close()
+
+
+def test_groups_in_flight_default_to_the_clients_concurrency_cap():
+    from gspo_megatron.config.load import load_config
+    from gspo_megatron.trainer.async_rollouts import groups_in_flight
+
+    base = ["rollout.max_staleness=2", "rollout.engine=reference", "rollout.mode=disaggregated"]
+    cfg = load_config(None, [*base, "rollout.n_samples_per_prompt=8",
+                             "rollout.sglang.max_concurrency_per_server=64"])
+    assert groups_in_flight(cfg) == 8  # 64 requests: what an on-policy batch sends at once
+    cfg = load_config(None, [*base, "rollout.n_samples_per_prompt=6", "rollout.sglang.num_servers=2",
+                             "rollout.sglang.max_concurrency_per_server=16"])
+    assert groups_in_flight(cfg) == 6  # ceil(32 / 6)
+    cfg = load_config(None, [*base, "rollout.async_groups_in_flight=3"])
+    assert groups_in_flight(cfg) == 3

@@ -354,9 +354,11 @@ class RolloutConfig:
     """The old name of ``max_staleness: 1`` (kept as an alias; true with another
     ``max_staleness`` than 0 or 1 is refused)."""
     async_groups_in_flight: int = 0
-    """``max_staleness >= 2``: prompt groups the generator keeps on the servers at once
-    (0: ``batch.num_prompts_per_step``). Admission is also bounded by the staleness: groups
-    started never exceed ``(trained steps + k + 1) * num_prompts_per_step``."""
+    """``max_staleness >= 2``: prompt groups the generator keeps on the servers at once. 0: as
+    many as keep the client's concurrency cap busy, ``ceil(sglang.max_concurrency_per_server x
+    servers / n_samples_per_prompt)``, the requests an on-policy batch has in flight (each
+    request is a client thread in the trainer's process). Admission is also bounded by the
+    staleness: (k + 1) batches of groups at most between syncs."""
     embedded_dtype: str = "fp32"
     """``fp32`` or ``bf16``: the embedded engine's weights and arithmetic (log-probs are taken in
     fp32 either way). ``bf16`` beside the fp32 CPU learner gives the train / inference mismatch

@@ -255,7 +255,7 @@ def _check_overlap(cfg, check) -> None:
           f"{r.max_staleness} must be >= 0 (0: on-policy, 1: one step off-policy, k: tokens of "
           "RL step v train at steps v .. v + k)")
     check(r.async_groups_in_flight >= 0, "rollout.async_groups_in_flight",
-          f"{r.async_groups_in_flight} must be >= 0 (0: batch.num_prompts_per_step)")
+          f"{r.async_groups_in_flight} must be >= 0 (0: the client's concurrency cap in groups)")
     check(not r.overlap_one_step or r.max_staleness in (0, 1), "rollout.overlap_one_step",
           f"is the old name of rollout.max_staleness=1, but rollout.max_staleness={r.max_staleness}"
           " is set too; drop rollout.overlap_one_step")

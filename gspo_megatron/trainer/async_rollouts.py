@@ -40,6 +40,17 @@ from gspo_megatron.trainer.rollout_step import ScoredRollout, _eos_ids
 log = logging.getLogger(__name__)
 
 
+def groups_in_flight(cfg) -> int:
+    """``rollout.async_groups_in_flight``, or (0) the groups that fill the client's concurrency
+    cap over the fleet: the requests an on-policy batch would have in flight at once."""
+    r = cfg.rollout
+    if r.async_groups_in_flight:
+        return int(r.async_groups_in_flight)
+    servers = len(r.sglang.server_addresses) or r.sglang.num_servers
+    cap = r.sglang.max_concurrency_per_server * max(servers, 1)
+    return max(1, -(-cap // r.n_samples_per_prompt))
+
+
 class AsyncRollouts:
     """Continuous generation with a staleness bound; see the module docstring."""
 
@@ -69,7 +80,7 @@ class AsyncRollouts:
             self.generator = AsyncGenerator(
                 engine, sampler, self._score, params, n=r.n_samples_per_prompt,
                 groups_per_step=cfg.batch.num_prompts_per_step, max_staleness=self.k,
-                groups_in_flight=r.async_groups_in_flight or cfg.batch.num_prompts_per_step,
+                groups_in_flight=groups_in_flight(cfg),
                 run_seed=cfg.trainer.seed, advantage_mode=cfg.algo.advantage,
                 advantage_eps=cfg.algo.advantage_eps,
                 drop_zero_variance=cfg.algo.dynamic_sampling.enabled,
