@@ -6,7 +6,10 @@ our launcher builds for ``rollout.sglang.device=cpu`` (``rollout/sglang/launcher
 a server that does not start fails the test with the tail of its log.
 
 SGLang's launcher forks a scheduler and a detokenizer; the server starts in a session of its own
-so that teardown can end the whole group it started (by its PID) and nothing else. Each launch
+so that teardown can end the whole group it started (by its PID) and nothing else. A start costs
+~30 s of CPU (three interpreters import SGLang), ~21 s on an idle 2-core machine: a test that
+needs another server soon can :meth:`RealServer.launch` it ahead and :meth:`~RealServer.wait_ready`
+when it needs it (``SpareServers`` does that for a module's tests). Each launch
 also leaves a ``/dev/shm/sglang_loads_*.shm`` file; the server's own, the ones its processes map
 or hold open, are removed with it (never another server's that started meanwhile: a suite or a
 tool running beside this one on the same machine keeps its files).
@@ -31,7 +34,14 @@ from gspo_megatron.rollout.sglang.launcher import sglang_server_command, sglang_
 REPO = Path(__file__).resolve().parents[1]
 SGLANG_PYTHON = os.environ.get("GSPO_SGLANG_PYTHON", str(REPO / ".venv-sglang" / "bin" / "python"))
 START_TIMEOUT_S = 240.0
+POLL_S = 0.25
+"""Between health probes of a starting server (a probe of a server still loading fails at once)."""
 SHM_PATTERN = "/dev/shm/sglang_loads_*"
+NO_CRASH_DIAGNOSTICS = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+                        "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
+"""A server whose scheduler dies (our SIGTERM to its process group, a start it refuses, a request
+that kills it) otherwise sleeps 5 s "to let GPU activity settle" before py-spy / CUDA coredump
+diagnostics (``tokenizer_manager``), on every stop of every test; how it dies is the same."""
 
 
 def listening_pids(port: int) -> List[int]:
@@ -71,25 +81,37 @@ class RealServer:
         self.command = [a for a in sglang_server_command(cfg, model_path, 0, python=SGLANG_PYTHON,
                                                          key_file=key_file)
                         if a not in drop_args] + list(extra_args or [])
-        self.env = dict(os.environ, **sglang_server_env(cfg), OMP_NUM_THREADS="1")
+        self.env = dict(os.environ, **sglang_server_env(cfg), OMP_NUM_THREADS="1",
+                        **NO_CRASH_DIAGNOSTICS)
         self._own_shm: Set[str] = set()
         self.process: Optional[subprocess.Popen] = None
+        self._launched_at = 0.0
 
     def start(self) -> "RealServer":
+        """Launch the server and wait until it answers ``/health_generate``."""
+        return self.launch().wait_ready()
+
+    def launch(self) -> "RealServer":
+        """Start the server's processes and return at once; :meth:`wait_ready` waits for it."""
         with open(self.log_path, "ab") as out:
             self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
                                             env=self.env, start_new_session=True, cwd=str(REPO))
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
+        self._launched_at = time.monotonic()
+        return self
+
+    def wait_ready(self) -> "RealServer":
+        """Wait until the launched server answers ``/health_generate`` (``START_TIMEOUT_S`` from
+        its launch); a server that exits or never answers fails with its log's tail."""
+        deadline = self._launched_at + START_TIMEOUT_S
+        while True:
             if self.process.poll() is not None:
                 raise AssertionError(f"real SGLang server exited with {self.process.returncode} "
                                      f"during start-up:\n{self.log_tail()}")
-            try:
-                if requests.get(f"http://{self.address}/health_generate", timeout=20).status_code == 200:
-                    return self
-            except requests.RequestException:
-                pass
-            time.sleep(1.0)
+            if _healthy(self, timeout_s=20):
+                return self
+            if time.monotonic() > deadline:
+                break
+            time.sleep(POLL_S)
         self.stop()
         raise AssertionError(f"real SGLang server not healthy after {START_TIMEOUT_S}s:\n"
                              f"{self.log_tail()}")
@@ -133,6 +155,67 @@ class RealServer:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+
+
+class SpareServers:
+    """Second servers for a module's tests that wedge or kill one, each started ahead of its test.
+
+    ``num_wanted`` is how many tests will :meth:`take` one. :meth:`launch_ahead` begins the next
+    start while other tests run (the module's own server answering them leaves a core idle for
+    most of a start's ~30 CPU-seconds); a test that leaves its server alive and healthy
+    :meth:`give_back` s it for the next one, so a wedge and a kill share one start. At most one
+    spare is held or starting at a time (each holds ~3.6 GB once up). Every server started
+    here is stopped here, by :meth:`RealServer.stop`.
+    """
+
+    def __init__(self, model_path: str, log_dir: Path, num_wanted: int) -> None:
+        self.model_path, self.log_dir, self.num_wanted = model_path, log_dir, num_wanted
+        self._next: Optional[RealServer] = None
+        self._count = 0
+
+    def launch_ahead(self) -> None:
+        """Begin starting a spare if a later test wants one and none is held or starting."""
+        if self.num_wanted > 0 and self._next is None:
+            self._next = self._new()
+
+    def _new(self) -> RealServer:
+        self._count += 1
+        return RealServer(self.model_path, self.log_dir / f"spare{self._count}.log").launch()
+
+    def take(self) -> RealServer:
+        """A healthy server of the test's own: the spare launched ahead, else one started now."""
+        if self._next is None:  # none launched ahead (a test run alone, or one taker too many)
+            self._next = self._new()
+        server, self._next = self._next, None
+        self.num_wanted = max(0, self.num_wanted - 1)
+        try:
+            return server.wait_ready()
+        except BaseException:
+            server.stop()
+            raise
+
+    def give_back(self, server: RealServer) -> None:
+        """After its test: kept for the next taker when it still answers, else stopped; then the
+        next spare starts ahead if one is wanted."""
+        if self.num_wanted > 0 and self._next is None and server.alive() and _healthy(server):
+            self._next = server
+        else:
+            server.stop()
+        self.launch_ahead()
+
+    def stop(self) -> None:
+        if self._next is not None:
+            self._next.stop()
+            self._next = None
+
+
+def _healthy(server: RealServer, timeout_s: float = 30.0) -> bool:
+    """Whether the server generates (``/health_generate`` answers 200)."""
+    try:
+        return requests.get(f"http://{server.address}/health_generate",
+                            timeout=timeout_s).status_code == 200
+    except requests.RequestException:
+        return False
 
 
 def _files_of_tree(pid: int, pattern: str) -> Set[str]:

@@ -1,7 +1,7 @@
 """gspo-grid (cli/grid.py). With sbatch faked: what is submitted and recorded, and the bad inputs
 that end in one clear error. On the real local Slurm (slow): a 2 x 2 grid of the tiny CPU config
-runs, one point is killed mid-run, the report shows it failed, ``--resume`` reruns only it, and
-the report's table matches every point's metrics.jsonl."""
+runs (RL from one shared cold start), one point is killed mid-run, the report shows it failed,
+``--resume`` reruns only it, and the report's table matches every point's metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -151,10 +151,22 @@ def test_a_tiny_grid_on_local_slurm_reports_kills_and_resumes(tmp_path):
     proc = subprocess.run([sys.executable, "tools/make_tiny_assets.py", str(assets), "--num-train", "1000",
                            "--num-eval", "32"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+    # One cold start for every point, as tools/reproduce_paper.py does for its variants: each
+    # point is RL from it (its 400 SFT steps took ~12 s of every point; a reward above 0 needs them)
+    sft = tmp_path / "sft"
+    proc = subprocess.run([sys.executable, "-m", "gspo_megatron.cli.train", "configs/tiny_cpu.yaml",
+                           f"model.hf_path={assets}/model", f"data.train_path={assets}/data/train.jsonl",
+                           "data.eval_path=null", "trainer.num_steps=0", "trainer.num_sft_steps=400",
+                           "trainer.sft_batch_size=32", "rollout.engine=embedded",
+                           "rollout.weight_sync.transport=auto", "logging.wandb.enabled=false",
+                           "logging.plot=false", f"logging.run_dir={sft}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))  # as slurm/lib.sh on CPU
+    assert proc.returncode == 0 and (sft / "hf_export").is_dir(), proc.stderr[-3000:]
     grid = tmp_path / "grid"
-    common = [f"model.hf_path={assets}/model", f"data.train_path={assets}/data/train.jsonl",
-              f"data.eval_path={assets}/data/eval.jsonl", "trainer.num_steps=6", "trainer.num_sft_steps=400",
-              "trainer.sft_batch_size=32", "trainer.eval_every_steps=3", "batch.num_prompts_per_step=8",
+    common = [f"model.hf_path={sft}/hf_export", f"data.train_path={assets}/data/train.jsonl",
+              f"data.eval_path={assets}/data/eval.jsonl", "trainer.num_steps=6", "trainer.num_sft_steps=0",
+              "trainer.eval_every_steps=3", "batch.num_prompts_per_step=8",
               "batch.num_mini_batches=2", "rollout.n_samples_per_prompt=4", "rollout.engine=embedded",
               "rollout.weight_sync.transport=auto",
               "checkpoint.save_every_steps=1", "logging.wandb.enabled=true", "logging.wandb.mode=offline",

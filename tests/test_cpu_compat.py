@@ -32,6 +32,9 @@ import torch
 from gspo_megatron.distributed.cpu_compat import apply_cpu_compat, cpu_compat_applied
 apply_cpu_compat(); apply_cpu_compat()  # idempotent
 assert cpu_compat_applied()
+with torch.device("meta"):  # a device context still places the redirected factories' tensors
+    assert torch.nn.Linear(2, 2).weight.device.type == "meta", "built on the CPU, not on meta"
+    assert torch.empty(2).device.type == torch.zeros(2).device.type == "meta"
 import sys
 import megatron.core.jit
 assert megatron.core.jit.jit_fuser is not torch.compile, "Megatron's fusion decorator is eager"

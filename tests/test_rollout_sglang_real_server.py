@@ -1,8 +1,10 @@
 """Our rollout engine and weight sync against the real SGLang 0.5.23 server on CPU.
 
 One real server per module (``tests/real_sglang.py``: its own virtualenv, the CPU engine, our
-CPU ``sgl_kernel``), on the free-text tiny Qwen3-MoE (2 layers, 4 experts top-2, fp32). What is
-checked here is what the stand-in could only assume:
+CPU ``sgl_kernel``), on the free-text tiny Qwen3-MoE (2 layers, 4 experts top-2, fp32), and
+spare ones for the tests that wedge or kill a server (``spare_server``: each starts while the
+tests before it run, and the wedged one, resumed, serves the kill test). What is checked here is
+what the stand-in could only assume:
 
 * generation: n samples, max_new_tokens, stop token ids, pause (abort) / continue;
 * the engine's log-probs equal a teacher-forced recomputation of the same weights at temperature
@@ -39,7 +41,7 @@ from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
 from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model
 from gspo_megatron.weight_sync import build_transport
 from gspo_megatron.weight_sync.server_model import PayloadMismatch
-from tests.real_sglang import RealServer
+from tests.real_sglang import RealServer, SpareServers
 
 pytestmark = pytest.mark.slow
 
@@ -54,11 +56,30 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(model_dir):
+def spares(request, model_dir):
+    """The servers of this module's ``spare_server`` tests (as many as this run collected)."""
+    wanted = sum("spare_server" in item.fixturenames for item in request.session.items
+                 if item.module is request.module)
+    pool = SpareServers(str(model_dir), model_dir.parent, wanted)
+    yield pool
+    pool.stop()
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, spares):
     srv = RealServer(str(model_dir), model_dir.parent / "server.log").start()
+    spares.launch_ahead()  # starts while the tests of this server run
     yield srv
     srv.stop()
     assert not srv.alive()
+
+
+@pytest.fixture
+def spare_server(spares):
+    """A real server of the test's own, to wedge or kill: a live one is given back after it."""
+    srv = spares.take()
+    yield srv
+    spares.give_back(srv)
 
 
 @pytest.fixture
@@ -285,11 +306,35 @@ def test_a_new_trainer_recovers_a_server_left_mid_update_by_a_killed_one(server,
     assert server.alive(), server.log_tail()
 
 
-def test_a_server_killed_mid_batch_loses_no_sample(model_dir, server, tmp_path):
+def test_a_wedged_server_times_out_and_its_samples_go_elsewhere(server, spare_server):
+    """One of two real servers stops answering (SIGSTOP of its whole process group): its
+    requests time out, are aborted there when it comes back, and are answered by the other;
+    every sample once. The resumed server answers again (the kill test gets it next)."""
+    second = spare_server
+    eng = SGLangEngine.attach([server.address, second.address], request_timeout_s=8,
+                              health_timeout_s=60, max_retries=2)
+    try:
+        _, tok = build_tiny_policy(seed=0)
+        requests_ = [GenerationRequest(f"w{i}", tok(t)["input_ids"], n=8) for i, t in enumerate(PROMPTS)]
+        seen = []
+        for sample in eng.generate_iter(requests_, SamplingParams(max_new_tokens=200, seed=6)):
+            seen.append((sample.prompt_id, sample.sample_index))
+            if len(seen) == 2:
+                os.killpg(second.process.pid, signal.SIGSTOP)
+        assert sorted(seen) == sorted((r.prompt_id, j) for r in requests_ for j in range(r.n))
+        assert second.address in eng.pool.dead and eng._num_retries >= 1
+    finally:
+        if second.process is not None:
+            os.killpg(second.process.pid, signal.SIGCONT)
+        eng.shutdown()
+    assert server.alive(), server.log_tail()
+
+
+def test_a_server_killed_mid_batch_loses_no_sample(server, spare_server):
     """Two real servers; one is SIGKILLed as soon as the batch's first samples come back. Every
     requested sample still comes back exactly once (the dead server's in-flight ones retried on
     the other), and the dead server leaves the rotation."""
-    second = RealServer(str(model_dir), tmp_path / "second.log").start()
+    second = spare_server
     eng = SGLangEngine.attach([server.address, second.address], request_timeout_s=60,
                               health_timeout_s=60, max_retries=2)
     try:
@@ -308,51 +353,7 @@ def test_a_server_killed_mid_batch_loses_no_sample(model_dir, server, tmp_path):
         # leaves metrics to generate(); its counter is the one it keeps)
     finally:
         eng.shutdown()
-        second.stop()
     assert server.alive(), server.log_tail()
-
-
-def test_a_wedged_server_times_out_and_its_samples_go_elsewhere(model_dir, server, tmp_path):
-    """One of two real servers stops answering (SIGSTOP of its whole process group): its
-    requests time out, are aborted there when it comes back, and are answered by the other;
-    every sample once."""
-    second = RealServer(str(model_dir), tmp_path / "wedged.log").start()
-    eng = SGLangEngine.attach([server.address, second.address], request_timeout_s=8,
-                              health_timeout_s=60, max_retries=2)
-    try:
-        _, tok = build_tiny_policy(seed=0)
-        requests_ = [GenerationRequest(f"w{i}", tok(t)["input_ids"], n=8) for i, t in enumerate(PROMPTS)]
-        seen = []
-        for sample in eng.generate_iter(requests_, SamplingParams(max_new_tokens=200, seed=6)):
-            seen.append((sample.prompt_id, sample.sample_index))
-            if len(seen) == 2:
-                os.killpg(second.process.pid, signal.SIGSTOP)
-        assert sorted(seen) == sorted((r.prompt_id, j) for r in requests_ for j in range(r.n))
-        assert second.address in eng.pool.dead and eng._num_retries >= 1
-    finally:
-        if second.process is not None:
-            os.killpg(second.process.pid, signal.SIGCONT)
-        eng.shutdown()
-        second.stop()
-    assert server.alive(), server.log_tail()
-
-
-def test_the_only_server_killed_mid_batch_fails_the_batch_naming_the_sample(model_dir, tmp_path):
-    from gspo_megatron.rollout.sglang.engine import SampleFailed
-
-    only = RealServer(str(model_dir), tmp_path / "only.log").start()
-    eng = SGLangEngine.attach([only.address], request_timeout_s=30, health_timeout_s=60,
-                              max_retries=1)
-    try:
-        _, tok = build_tiny_policy(seed=0)
-        requests_ = [GenerationRequest(f"k{i}", tok(t)["input_ids"], n=8) for i, t in enumerate(PROMPTS)]
-        with pytest.raises(SampleFailed, match=rf"sample \(prompt_id='k\d', sample_index=\d\).*{only.address}"):
-            for i, _sample in enumerate(eng.generate_iter(requests_, SamplingParams(max_new_tokens=200))):
-                if i == 1:
-                    only.stop(grace_s=0.0)
-    finally:
-        eng.shutdown()
-        only.stop()
 
 
 def test_a_bucket_refused_by_one_server_ends_the_update_cleanly(model_dir, server, tmp_path):
@@ -393,20 +394,6 @@ def test_a_bucket_refused_by_one_server_ends_the_update_cleanly(model_dir, serve
     assert server.alive(), server.log_tail()
 
 
-def test_routed_experts_capture_needs_cuda_on_the_cpu_engine(model_dir, tmp_path):
-    """Issue 31 (R3), the evidence: SGLang 0.5.23 started with ``--enable-return-routed-experts``
-    on the CPU engine dies at start. Its routed-experts host buffer is allocated pinned and
-    registered with ``cudaHostRegister`` (``srt/state_capturer/base.py`` -> ``srt/mem_cache/
-    pool_host/common.py: _cuda_host_register``), which needs a CUDA driver. So R3 from the real
-    server cannot be exercised on these machines; if a later SGLang lifts this, this test says so."""
-    srv = RealServer(str(model_dir), tmp_path / "r3.log", extra_args=["--enable-return-routed-experts"])
-    with pytest.raises(AssertionError, match="exited with"):
-        srv.start()
-    log = srv.log_tail(200)
-    assert "_cuda_host_register" in log and "Found no NVIDIA driver" in log, log
-    srv.stop()
-
-
 def test_a_server_without_the_capture_takes_the_r3_request_and_our_client_refuses_its_answer(
         engine, server):
     """What the real server does with ``return_routed_experts`` when it captures nothing: the
@@ -427,3 +414,34 @@ def test_a_server_without_the_capture_takes_the_r3_request_and_our_client_refuse
     with pytest.raises(MalformedRouting, match=f"{server.address}, request p0/\\d/0: .*"
                                                "--enable-return-routed-experts"):
         engine.generate(_requests(tok, n=1)[:1], SamplingParams(max_new_tokens=3))
+
+
+def test_the_only_server_killed_mid_batch_fails_the_batch_naming_the_sample(spare_server):
+    from gspo_megatron.rollout.sglang.engine import SampleFailed
+
+    only = spare_server
+    eng = SGLangEngine.attach([only.address], request_timeout_s=30, health_timeout_s=60,
+                              max_retries=1)
+    try:
+        _, tok = build_tiny_policy(seed=0)
+        requests_ = [GenerationRequest(f"k{i}", tok(t)["input_ids"], n=8) for i, t in enumerate(PROMPTS)]
+        with pytest.raises(SampleFailed, match=rf"sample \(prompt_id='k\d', sample_index=\d\).*{only.address}"):
+            for i, _sample in enumerate(eng.generate_iter(requests_, SamplingParams(max_new_tokens=200))):
+                if i == 1:
+                    only.stop(grace_s=0.0)
+    finally:
+        eng.shutdown()
+
+
+def test_routed_experts_capture_needs_cuda_on_the_cpu_engine(model_dir, tmp_path):
+    """Issue 31 (R3), the evidence: SGLang 0.5.23 started with ``--enable-return-routed-experts``
+    on the CPU engine dies at start. Its routed-experts host buffer is allocated pinned and
+    registered with ``cudaHostRegister`` (``srt/state_capturer/base.py`` -> ``srt/mem_cache/
+    pool_host/common.py: _cuda_host_register``), which needs a CUDA driver. So R3 from the real
+    server cannot be exercised on these machines; if a later SGLang lifts this, this test says so."""
+    srv = RealServer(str(model_dir), tmp_path / "r3.log", extra_args=["--enable-return-routed-experts"])
+    with pytest.raises(AssertionError, match="exited with"):
+        srv.start()
+    log = srv.log_tail(200)
+    assert "_cuda_host_register" in log and "Found no NVIDIA driver" in log, log
+    srv.stop()

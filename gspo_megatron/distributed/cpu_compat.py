@@ -222,6 +222,13 @@ def _patch_device_arguments() -> None:
     """
     if redirect_installed():
         return
+    # ``with torch.device("meta")`` places the calls of the factories in a set torch builds on
+    # first use, by identity: built after the swap below, it would hold the wrappers, never the
+    # functions the device context sees, and a model meant for the meta device would be
+    # allocated whole on the CPU (issue 41: one 235B layer, 43 s and 7.5 GB). Build it first.
+    from torch.utils._device import _device_constructors
+
+    _device_constructors()
     for name in REDIRECTED_FACTORIES:
         setattr(torch, name, _device_kwarg_to_cpu(getattr(torch, name)))
     for name in REDIRECTED_TENSOR_METHODS:

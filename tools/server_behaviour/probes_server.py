@@ -18,7 +18,7 @@ from gspo_megatron.rollout.sglang import api
 from tools.server_behaviour.probes import (LOGPROB_TOL, Context, Observed, tokens_and_logprobs,
                                            cell, generate_body, same_row, shorten)
 from tools.server_behaviour.probes_weights import outcome
-from tools.server_behaviour.servers import NO_CRASH_DIAGNOSTICS, Target
+from tools.server_behaviour.servers import Target
 from tests.real_sglang import RealServer
 
 SPINS, SLEEPS = 0.1, 0.05
@@ -89,12 +89,13 @@ def probe_oov_token(ctx: Context) -> Observed:
     return same_row("oov_token", out["real"], out["stand-in"])
 
 
-def start_refusal(model_dir: Path, log_path: Path, flag: str, limit: int = 120) -> str:
-    """How a real server started with ``flag`` ends: it starts, or the exception it exits with."""
-    server = RealServer(str(model_dir), log_path, extra_args=[flag])
-    server.env.update(NO_CRASH_DIAGNOSTICS)
+def start_refusal(model_dir: Path, log_path: Path, flag: str, limit: int = 120,
+                  launched: Optional[RealServer] = None) -> str:
+    """How a real server started with ``flag`` ends (``launched``: the one already launched
+    with it): it starts, or the exception it exits with."""
+    server = launched or RealServer(str(model_dir), log_path, extra_args=[flag]).launch()
     try:
-        server.start()
+        server.wait_ready()
         return "starts"
     except AssertionError:
         target = Target("real", server.address, server.alive, log_path, lambda: None)

@@ -128,19 +128,14 @@ def real_target(server: RealServer) -> Target:
                   lambda: server.process.pid if server.process else None)
 
 
-NO_CRASH_DIAGNOSTICS = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
-                        "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
-"""A dying server otherwise sleeps 5 s "to let GPU activity settle" before py-spy / CUDA
-coredump diagnostics (``tokenizer_manager``); how it dies is the same."""
-
-
 @contextmanager
-def real_server(model_dir: Path, log_path: Path, **kwargs) -> Iterator[RealServer]:
-    """A started real server (``RealServer`` arguments), stopped on the way out."""
-    server = RealServer(str(model_dir), log_path, **kwargs)
-    server.env.update(NO_CRASH_DIAGNOSTICS)
+def real_server(model_dir: Path, log_path: Path, launched: Optional[RealServer] = None,
+                **kwargs) -> Iterator[RealServer]:
+    """A started real server (``RealServer`` arguments, or one ``launched`` ahead: its start
+    overlapped other work), stopped on the way out."""
+    server = launched or RealServer(str(model_dir), log_path, **kwargs).launch()
     try:
-        yield server.start()
+        yield server.wait_ready()
     finally:
         server.stop()
 
