@@ -33,6 +33,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -73,7 +74,10 @@ def _free_port() -> int:
 
 
 def _train(config: str, run_dir: Path, overrides: Sequence[str]) -> List[dict]:
-    """One ``gspo-train`` in its own process; its metrics rows. RuntimeError naming the log."""
+    """One fresh ``gspo-train`` in its own process (a run directory left by an earlier
+    invocation is removed: resuming it would train nothing and return its old rows); its
+    metrics rows. RuntimeError naming the log."""
+    shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     log_path = run_dir.with_suffix(".log")
     env = dict(os.environ, OMP_NUM_THREADS=THREADS, PYTHONPATH=str(REPO))
@@ -117,8 +121,14 @@ def _from_cold_start(out: Path, workload: str, seed: int) -> List[str]:
 
 
 def _mean(rows: List[dict], key: str) -> float:
-    values = [r[key] for r in rows if key in r]
+    values = [r[key] for r in rows if key in r and r[key] is not None]
     return statistics.fmean(values) if values else 0.0
+
+
+def _weight(rows: List[dict]) -> str:
+    """The mean behaviour weight, or '-' for columns without one (no ``algo.tis``)."""
+    values = [r["tis_weight_mean"] for r in rows if r.get("tis_weight_mean")]
+    return f"{statistics.fmean(values):.3f}" if values else "-"
 
 
 def speed_row(rows: List[dict], warmup: int) -> Dict[str, float]:
@@ -179,9 +189,13 @@ def run_parity(args) -> List[dict]:
     return out
 
 
-def _conditions(argv: Sequence[str], started: float, load_start: float) -> dict:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip()
+def _commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def _conditions(argv: Sequence[str], started: float, load_start: float, commit: str) -> dict:
+    """``commit``: the checkout the runs started from (each run imports it when it starts)."""
     return {"command": "python benchmarks/bench_async.py " + " ".join(argv),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "commit": commit, "cpus": os.cpu_count(), "machine": platform.machine(),
@@ -241,7 +255,7 @@ def write_doc(results: dict, doc: Path) -> str:
             acc = [100 * r["acc_end"] for r in rows]
             lines.append(f"| {label} | " + " | ".join(f"{a:.1f}%" for a in acc)
                          + f" | {statistics.median(acc):.1f}% | {min(acc):.1f}-{max(acc):.1f}% "
-                         f"| {_mean(rows, 'clip_frac_seq'):.3f} | {_mean(rows, 'tis_weight_mean'):.3f} |")
+                         f"| {_mean(rows, 'clip_frac_seq'):.3f} | {_weight(rows)} |")
         starts = [100 * r["acc_start"] for r in parity["rows"] if r["column"] == "k=0"
                   and r["acc_start"] is not None]
         if starts:
@@ -277,7 +291,7 @@ def main(argv=None) -> int:
             print(f"error: {SGLANG_PYTHON} is missing; run `make sglang-venv`", file=sys.stderr)
             return 2
         args.out.mkdir(parents=True, exist_ok=True)
-        started, load = time.time(), os.getloadavg()[0]
+        started, load, commit = time.time(), os.getloadavg()[0], _commit()
         try:
             if args.part == "speed":
                 args.num_steps = args.num_steps or 12
@@ -291,7 +305,7 @@ def main(argv=None) -> int:
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        results[args.part]["conditions"] = _conditions(argv, started, load)
+        results[args.part]["conditions"] = _conditions(argv, started, load, commit)
         args.results.parent.mkdir(parents=True, exist_ok=True)
         args.results.write_text(json.dumps(results, indent=1) + "\n")
     try:
