@@ -46,7 +46,7 @@ qwen3-assets: install
 	test -d $(QWEN3_ASSETS) || $(PY) tools/make_qwen3_assets.py $(QWEN3_ASSETS)
 
 test: install system-deps sglang-venv
-	$(PY) -m pytest -q -ra --durations=15
+	$(PY) -m pytest -q -ra --durations=30
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"

@@ -211,6 +211,7 @@ def test_the_reference_server_enforces_sglangs_levels(tmp_path):
         server.stop()
 
 
+@pytest.mark.slow  # a real server start (~30 CPU-seconds): not part of `make test-fast`
 def test_the_real_server_takes_only_the_jobs_keys(tmp_path):
     save_tiny_model(*build_tiny_policy(seed=0), tmp_path / "model")
     key_file = tmp_path / "secrets" / "keys.json"
