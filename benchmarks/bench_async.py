@@ -158,7 +158,7 @@ def run_speed(args) -> List[dict]:
             run_dir = args.out / f"speed_{workload}_k{k}"
             rows = _train(WORKLOADS[workload], run_dir, [
                 *base, *REAL_SERVER, f"rollout.sglang.port={_free_port()}",
-                f"trainer.num_steps={args.num_steps}", f"trainer.eval_every_steps=0",
+                f"trainer.num_steps={args.num_steps}", "trainer.eval_every_steps=0",
                 *staleness_overrides(k)])
             out.append({"workload": workload, "k": k, **speed_row(rows, args.warmup_steps)})
             print(json.dumps(out[-1]), flush=True)
