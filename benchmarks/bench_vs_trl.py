@@ -93,6 +93,9 @@ def main(argv=None) -> int:
                    help="--sweep: a markdown file whose marked section gets the results")
     p.add_argument("--readme", default=None,
                    help="--sweep: a markdown file whose marked headline gets the range")
+    p.add_argument("--results", default=None,
+                   help="--sweep: also write the run's record here (the committed one: "
+                        "benchmarks/results/vs_trl_sweep.json), which the headline cites")
     p.add_argument("--from-results", default=None,
                    help="--sweep: render this finished sweep's results.json, measure nothing")
     args = p.parse_args(argv)
