@@ -14,6 +14,9 @@ fails itself, by name:
 Two kinds of thread are not leaks: a library's one thread per process, started on first use
 and reused (``PROCESS_WIDE_THREADS``), and a thread a test names with
 ``@pytest.mark.leaves_threads(name, reason=...)``, which must say what ends it.
+
+``--cpu-durations=N`` (``tests/cpu_durations.py``, loaded here) prints the N tests and modules
+that cost the most CPU-seconds, the measure of the suite's budget that load barely moves.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import time
 
 import pytest
 
+pytest_plugins = ("tests.cpu_durations",)
 THREAD_GRACE_S = 5.0
 PROCESS_WIDE_THREADS = ("tqdm_monitor", "_ResourceSharer._serve")
 """tqdm's monitor (started by the first progress bar, e.g. transformers loading a checkpoint)

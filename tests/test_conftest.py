@@ -55,12 +55,22 @@ def test_victim():
 '''
 
 
+def conftest_package(tmp_path: Path) -> Path:
+    """``tmp_path/tests``: this repository's conftest and the plugin it loads
+    (``tests.cpu_durations``), as the package they are in here."""
+    package = tmp_path / "tests"
+    package.mkdir()
+    for name in ("__init__.py", "conftest.py", "cpu_durations.py"):
+        shutil.copy(REPO / "tests" / name, package / name)
+    return package
+
+
 def _run(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
-    shutil.copy(REPO / "tests" / "conftest.py", tmp_path / "conftest.py")
-    (tmp_path / "test_case.py").write_text(textwrap.dedent(body))
+    package = conftest_package(tmp_path)
+    (package / "test_case.py").write_text(textwrap.dedent(body))
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "-o", "markers=leaves_threads", "test_case.py"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                          cwd=package, capture_output=True, text=True, timeout=120)
 
 
 def test_a_test_that_leaves_a_thread_running_fails_by_name(tmp_path):

@@ -1,0 +1,227 @@
+"""Opt-in CPU accounting per test: where the suite's CPU-seconds go (issue 41 item 8).
+
+    pytest --cpu-durations=30 [--cpu-durations-file cpu.jsonl] ...
+    GSPO_CPU_DURATIONS=30 make test          # the same, through the environment
+
+Wall-clock durations on a shared 2-core machine move with everyone else's load; CPU-seconds
+barely do, so this is what to compare before and after a change that buys time back. Each test
+(setup, call and teardown together: a module fixture's server start counts in its first test,
+its stop in its last) gets the user+sys CPU-seconds of
+
+* ``self``: this pytest process, all its threads (``getrusage(RUSAGE_SELF)``);
+* ``children``: every other process the session started, however far down: found by an
+  environment variable (``GSPO_CPU_LEDGER``, set here and inherited) or by a parent already
+  found. That covers what ``getrusage(RUSAGE_CHILDREN)`` misses: it counts a child only once it
+  is waited for (a server started by a fixture runs across many tests), and never a process
+  orphaned by its parent (an SGLang scheduler whose launcher died first) or started by a daemon
+  (jobs of the local Slurm, whose daemons detach from pytest).
+
+A sampler thread reads ``/proc/<pid>/stat`` of those processes every ``--cpu-durations-interval``
+seconds (0.5) and at every test's start and end. A process's own CPU counts as it grows; what a
+parent reaps (``cutime``: ``RUSAGE_CHILDREN`` for pytest itself) counts minus the children it
+was already counted for, which catches processes too short-lived to be sampled. ``idle``: the
+test's time between samples that found none of those processes (nor another thread of pytest)
+running or waiting for a core: sleeps, polls, network, timeouts; what a test costs on an idle
+machine beyond its CPU. Both measures are estimates at the sampling interval.
+
+Limits: a process that ends less than one interval after a sample, and whose parent ended with
+it (a killed process group) or does not wait for it, loses that last interval. A process that
+clears its environment and whose parent is not in the tree (a daemon started with ``env -i``)
+is not found. The sampler itself costs ~1% of a core, counted in ``self``. Collection counts in
+the session's total, not in any test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import threading
+import time
+from collections import defaultdict
+from typing import Dict, Optional, Tuple
+
+import pytest
+
+ENV_VAR = "GSPO_CPU_DURATIONS"
+MARKER = "GSPO_CPU_LEDGER"
+TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def pytest_addoption(parser) -> None:
+    group = parser.getgroup("cpu-durations", "CPU-seconds per test (tests/cpu_durations.py)")
+    group.addoption("--cpu-durations", type=int, default=None, metavar="N",
+                    help=f"record CPU-seconds of every test and print the N costliest tests and "
+                         f"modules (0: all); also ${ENV_VAR}=N")
+    group.addoption("--cpu-durations-file", default=None, metavar="PATH",
+                    help="also write one JSON line per test there")
+    group.addoption("--cpu-durations-interval", type=float, default=0.5, metavar="S",
+                    help="seconds between samples of the processes (default 0.5)")
+
+
+def pytest_configure(config) -> None:
+    num = config.getoption("--cpu-durations")
+    if num is None and os.environ.get(ENV_VAR, "").strip():
+        num = int(os.environ[ENV_VAR])
+    if num is not None:
+        ledger = CpuLedger(num, config.getoption("--cpu-durations-file"),
+                           ProcessTreeClock(config.getoption("--cpu-durations-interval")))
+        config.pluginmanager.register(ledger, "cpu-ledger")
+
+
+def _proc_stat(path: str) -> Optional[tuple]:
+    """``(ppid, start time, own user+sys s, reaped user+sys s, running)`` of a live process or
+    thread (``/proc/<pid>`` or ``/proc/<pid>/task/<tid>``), else None."""
+    try:
+        with open(f"{path}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    ticks = [int(x) for x in fields[11:15]]  # utime stime cutime cstime (fields 14-17)
+    return (int(fields[1]), int(fields[19]), (ticks[0] + ticks[1]) * TICK_S,
+            (ticks[2] + ticks[3]) * TICK_S, fields[0] == b"R")
+
+
+def _any_thread_running(pid: int, but: int) -> bool:
+    """Whether a thread of ``pid`` other than ``but`` is running or waiting for a core."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    return any(int(t) != but and (_proc_stat(f"/proc/{pid}/task/{t}") or (0,) * 5)[4] for t in tids)
+
+
+def _rusage_s(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+class ProcessTreeClock:
+    """CPU-seconds used so far by this process and every process of the session (see above)."""
+
+    def __init__(self, interval_s: float = 0.5) -> None:
+        self._me = os.getpid()
+        token = f"{self._me}.{time.time_ns()}"
+        os.environ[MARKER] = token  # inherited by everything started from here on
+        self._needle = f"{MARKER}={token}".encode()
+        self._lock = threading.Lock()
+        self._members: Dict[int, bool] = {}  # (pid, start) of every process looked at -> ours
+        self._live: Dict[int, Tuple[int, int, float, float]] = {}  # ours at the last sample
+        self._self_s, self._reaped_s = _rusage_s(resource.RUSAGE_SELF), 0.0
+        self.total_s = self._self_s
+        self.self_total_s = self._self_s
+        self.idle_s = 0.0
+        self._sampled_at = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True,
+                                        name="cpu-durations-sampler")
+        self._thread.start()
+
+    def _run(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            self.sample()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _ours(self, pid: int, ppid: int, start: int, live: dict) -> bool:
+        key = (pid, start)
+        if key not in self._members:
+            if ppid == self._me or ppid in live or ppid in self._live:
+                self._members[key] = True
+            else:
+                try:
+                    with open(f"/proc/{pid}/environ", "rb") as f:
+                        self._members[key] = self._needle in f.read()
+                except OSError:
+                    self._members[key] = False
+        return self._members[key]
+
+    def sample(self) -> float:
+        """Read every process once; return the total so far."""
+        with self._lock:
+            live = {}
+            for name in sorted(os.listdir("/proc"), key=lambda n: (len(n), n)):
+                if name.isdigit() and int(name) != self._me:
+                    stat = _proc_stat(f"/proc/{name}")
+                    if stat and self._ours(int(name), stat[0], stat[1], live):
+                        live[int(name)] = stat
+            self_s, reaped_s = _rusage_s(resource.RUSAGE_SELF), _rusage_s(resource.RUSAGE_CHILDREN)
+            gone_by_parent: Dict[int, float] = defaultdict(float)
+            for pid, (ppid, start, own, reaped, _) in self._live.items():
+                if pid not in live or live[pid][1] != start:
+                    gone_by_parent[ppid] += own + reaped  # now in its parent's reaped, if waited
+            added = self_s - self._self_s
+            added += max(0.0, reaped_s - self._reaped_s - gone_by_parent[self._me])
+            for pid, (ppid, start, own, reaped, _) in live.items():
+                before = self._live.get(pid)
+                if before is None or before[1] != start:
+                    added += own + reaped  # new: all it ran, with the children it already reaped
+                else:
+                    added += (own - before[2]) + max(0.0, reaped - before[3] - gone_by_parent[pid])
+            self.self_total_s += self_s - self._self_s
+            self._self_s, self._reaped_s, self._live = self_s, reaped_s, live
+            self.total_s += added
+            now = time.monotonic()
+            if not any(stat[4] for stat in live.values()) and not _any_thread_running(
+                    self._me, threading.get_native_id()):
+                self.idle_s += now - self._sampled_at  # nothing of ours ran or waited for a core
+            self._sampled_at = now
+            return self.total_s
+
+
+class CpuLedger:
+    """The registered plugin: the clock read around every test, a summary at the end."""
+
+    def __init__(self, num_shown: int, path: Optional[str], clock: ProcessTreeClock) -> None:
+        self.num_shown, self.path, self.clock = num_shown, path, clock
+        self.rows: Dict[str, dict] = {}
+        self.start_wall = time.monotonic()
+
+    def _now(self) -> Tuple[float, float, float, float]:
+        total = self.clock.sample()
+        return total, self.clock.self_total_s, self.clock.idle_s, time.monotonic()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        start = self._now()
+        try:
+            return (yield)
+        finally:
+            end = self._now()
+            cpu, self_s, idle, wall = (b - a for a, b in zip(start, end))
+            self._record(item.nodeid, {"cpu": cpu, "self": self_s, "children": cpu - self_s,
+                                       "idle": idle, "wall": wall})
+
+    def _record(self, nodeid: str, row: dict) -> None:
+        self.rows[nodeid] = row
+        if self.path:
+            with open(self.path, "a") as out:
+                out.write(json.dumps({"test": nodeid, **row}) + "\n")
+
+    def pytest_unconfigure(self, config) -> None:
+        self.clock.close()
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        write = terminalreporter.write_line
+        total = self.clock.sample()
+        in_tests = sum(r["cpu"] for r in self.rows.values())
+        terminalreporter.section("cpu durations (tests/cpu_durations.py)")
+        write(f"{len(self.rows)} tests: {in_tests:.1f} CPU-s in tests, {total:.1f} CPU-s in the "
+              f"session ({time.monotonic() - self.start_wall:.1f} s wall)")
+        ranked = sorted(self.rows.items(), key=lambda kv: -kv[1]["cpu"])
+        write(f"{'cpu s':>8} {'self':>7} {'children':>8} {'idle s':>7} {'wall s':>7}  test")
+        for nodeid, r in ranked[:self.num_shown or None]:
+            write(f"{r['cpu']:8.1f} {r['self']:7.1f} {r['children']:8.1f} {r['idle']:7.1f} "
+                  f"{r['wall']:7.1f}  {nodeid}")
+        modules: Dict[str, list] = defaultdict(lambda: [0.0, 0.0, 0.0, 0])
+        for nodeid, r in self.rows.items():
+            module = modules[nodeid.split("::")[0]]
+            for i, key in enumerate(("cpu", "idle", "wall")):
+                module[i] += r[key]
+            module[3] += 1
+        write(f"{'cpu s':>8} {'idle s':>8} {'wall s':>8} {'tests':>6}  module")
+        by_module = sorted(modules.items(), key=lambda kv: -kv[1][0])
+        for name, (cpu, idle, wall, count) in by_module[:self.num_shown or None]:
+            write(f"{cpu:8.1f} {idle:8.1f} {wall:8.1f} {count:6d}  {name}")

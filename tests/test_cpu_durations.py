@@ -1,0 +1,112 @@
+"""tests/cpu_durations.py: each test gets the CPU-seconds of the processes it ran, wherever they
+ran: in pytest, in a child it waited for, in a server a module fixture keeps across tests, in a
+grandchild orphaned by its parent, in a process too short-lived to be sampled. The case runs in
+a fresh pytest process with this repository's conftest, so its sampler thread stays there."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests.test_conftest import conftest_package
+
+BURN_S = 0.6
+"""CPU-seconds each burning process spends: well above one sampling interval (0.05 s here)."""
+
+CASE = '''
+import subprocess, sys, time
+import pytest
+
+BURN = "import time\\nend = time.process_time() + {burn}\\nwhile time.process_time() < end: pass"
+
+def burn(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+def test_idle():
+    time.sleep(1.0)
+
+def test_in_pytest():
+    burn({burn})
+
+def test_waited_child():
+    subprocess.run([sys.executable, "-c", BURN], check=True)
+
+def test_orphaned_grandchild():
+    # the child starts a burning grandchild in a session of its own and exits without waiting
+    code = ("import subprocess, sys; subprocess.Popen([sys.executable, '-c', sys.argv[1]], "
+            "start_new_session=True, stdout=open(sys.argv[2], 'w'))")
+    subprocess.run([sys.executable, "-c", code, BURN + "\\nprint('done', flush=True)", "out.txt"],
+                   check=True)
+    deadline = time.monotonic() + 60
+    while open("out.txt").read().strip() != "done" and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+def test_short_lived_children():
+    for _ in range(3):  # each ends before a sample can see it
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+@pytest.fixture(scope="module")
+def server():
+    proc = subprocess.Popen([sys.executable, "-c", "import sys, time\\n" +
+                             "for line in sys.stdin:\\n" +
+                             "    end = time.process_time() + float(line)\\n" +
+                             "    while time.process_time() < end: pass\\n" +
+                             "    print('ok', flush=True)"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    yield proc
+    proc.stdin.close()
+    proc.wait()
+
+def test_server_first(server):
+    server.stdin.write("{burn}\\n"); server.stdin.flush(); server.stdout.readline()
+
+def test_server_second(server):
+    server.stdin.write("{burn}\\n"); server.stdin.flush(); server.stdout.readline()
+'''
+
+
+def test_each_test_gets_the_cpu_of_its_processes(tmp_path):
+    package = conftest_package(tmp_path)
+    (package / "test_case.py").write_text(textwrap.dedent(CASE.format(burn=BURN_S)))
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "-o", "markers=leaves_threads", "test_case.py",
+                          "--cpu-durations=3", "--cpu-durations-interval=0.05",
+                          "--cpu-durations-file", str(tmp_path / "cpu.jsonl")],
+                         cwd=package, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = {json.loads(line)["test"].split("::")[1]: json.loads(line)
+            for line in (tmp_path / "cpu.jsonl").read_text().splitlines()}
+    assert len(rows) == 7
+    low, high = 0.8 * BURN_S, BURN_S + 0.5  # a python start-up is ~0.02-0.1 CPU-s more
+    assert rows["test_idle"]["cpu"] < 0.15 and rows["test_idle"]["idle"] > 0.7, rows["test_idle"]
+    assert rows["test_in_pytest"]["idle"] < 0.2, rows["test_in_pytest"]  # busy, not idle
+    assert low < rows["test_in_pytest"]["self"] < high, rows["test_in_pytest"]
+    for name in ("test_waited_child", "test_orphaned_grandchild", "test_server_second"):
+        assert low < rows[name]["children"] < high, rows[name]
+        assert rows[name]["self"] < 0.3, rows[name]
+    # the fixture's start counts in the first test, its stop in the second: neither twice
+    assert low < rows["test_server_first"]["children"] < high + 0.3, rows["test_server_first"]
+    assert 0.01 < rows["test_short_lived_children"]["children"] < 1.0, rows["test_short_lived_children"]
+    assert "cpu durations (tests/cpu_durations.py)" in out.stdout
+    shown = [line.split()[-1] for line in out.stdout.splitlines() if "test_case.py::" in line]
+    costliest = sorted(rows.values(), key=lambda r: -r["cpu"])[:3]
+    assert shown == [r["test"] for r in costliest]  # the 3 asked for, costliest first
+    assert "7 tests:" in out.stdout and "test_case.py" in out.stdout.split("module")[-1]
+
+
+def test_off_unless_asked(tmp_path):
+    package = conftest_package(tmp_path)
+    (package / "test_case.py").write_text("import os, threading\n\ndef test_env():\n"
+                                          "    assert 'GSPO_CPU_LEDGER' not in os.environ\n"
+                                          "    assert threading.active_count() == 1\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("GSPO_CPU_DURATIONS", "GSPO_CPU_LEDGER")}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "test_case.py"], cwd=package, capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert out.returncode == 0 and "cpu durations" not in out.stdout, out.stdout + out.stderr
