@@ -39,6 +39,7 @@ import sys
 import megatron.core.jit
 assert megatron.core.jit.jit_fuser is not torch.compile, "Megatron's fusion decorator is eager"
 assert "torch._dynamo" not in sys.modules, "importing Megatron must not pull in torch._dynamo"
+assert type(sys.modules["wandb"]).__name__ == "DeferredModule", "Megatron loaded wandb at import"
 from megatron.core.dist_checkpointing.strategies import filesystem_async
 assert filesystem_async._get_write_results_queue().__class__.__module__ == "queue"
 import os

@@ -22,6 +22,8 @@ from typing import Callable, List
 
 import torch
 
+from gspo_megatron.distributed.deferred_imports import defer_import, megatron_imports_wandb
+
 log = logging.getLogger(__name__)
 
 _APPLIED = False
@@ -405,6 +407,9 @@ class Patch:
 
 
 PATCHES: List[Patch] = [
+    Patch("deferred_wandb", "Megatron imports wandb at import (inference contexts, timers: "
+          "~0.35 s per process) for code the CPU path never runs; loaded on first use instead",
+          lambda: defer_import("wandb"), megatron_imports_wandb),
     Patch("jit_fuser", "Megatron decorates its fusion helpers with torch.compile at import, "
           "which imports torch._dynamo (~2.5 s per process); none runs on the CPU path",
           _patch_jit_fuser, _probe_jit_fuser),
