@@ -108,6 +108,7 @@ class RealServer:
                 raise AssertionError(f"real SGLang server exited with {self.process.returncode} "
                                      f"during start-up:\n{self.log_tail()}")
             if _healthy(self, timeout_s=20):
+                self.new_shm_files()  # known now, so that a kill need not look for them first
                 return self
             if time.monotonic() > deadline:
                 break
@@ -133,8 +134,11 @@ class RealServer:
             return f"(no log: {exc})"
 
     def stop(self, grace_s: float = 20.0) -> None:
-        """End the server's process group (SIGTERM, then SIGKILL) and its shared-memory files."""
-        own_files = self.new_shm_files()
+        """End the server's process group (SIGTERM, then SIGKILL) and its shared-memory files.
+        ``grace_s=0`` is a kill, signalled at once: its files are the ones found when it became
+        ready (looking for them again reads every process's maps, ~1 s in which a batch that a
+        test means to cut can finish)."""
+        own_files = self.new_shm_files() if grace_s > 0 else sorted(self._own_shm)
         if self.process is not None:
             pgid = self.process.pid  # start_new_session: the group is the server's own
             for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
@@ -207,6 +211,13 @@ class SpareServers:
         if self._next is not None:
             self._next.stop()
             self._next = None
+
+
+def no_later_test_uses(items: list, item, fixture: str) -> bool:
+    """Whether no test of ``item``'s module after it in this run (``session.items``) uses
+    ``fixture``: then ``item`` may end the server that fixture holds."""
+    return not any(later.module is item.module and fixture in later.fixturenames
+                   for later in items[items.index(item) + 1:])
 
 
 def _healthy(server: RealServer, timeout_s: float = 30.0) -> bool:

@@ -3,7 +3,8 @@
 One real server per module (``tests/real_sglang.py``: its own virtualenv, the CPU engine, our
 CPU ``sgl_kernel``), on the free-text tiny Qwen3-MoE (2 layers, 4 experts top-2, fp32), and
 spare ones for the tests that wedge or kill a server (``spare_server``: each starts while the
-tests before it run, and the wedged one, resumed, serves the kill test). What is checked here is
+tests before it run, and the wedged one, resumed, serves the kill test). The test that kills
+the only server of its fleet ends the module's own server, after every test that needs it. What is checked here is
 what the stand-in could only assume:
 
 * generation: n samples, max_new_tokens, stop token ids, pause (abort) / continue;
@@ -41,7 +42,7 @@ from gspo_megatron.rollout.types import GenerationRequest, SamplingParams
 from gspo_megatron.tiny_task.model import build_tiny_policy, save_tiny_model
 from gspo_megatron.weight_sync import build_transport
 from gspo_megatron.weight_sync.server_model import PayloadMismatch
-from tests.real_sglang import RealServer, SpareServers
+from tests.real_sglang import RealServer, SpareServers, no_later_test_uses
 
 pytestmark = pytest.mark.slow
 
@@ -57,9 +58,11 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def spares(request, model_dir):
-    """The servers of this module's ``spare_server`` tests (as many as this run collected)."""
-    wanted = sum("spare_server" in item.fixturenames for item in request.session.items
-                 if item.module is request.module)
+    """The servers of this module's ``spare_server`` tests and of a ``server_to_kill`` test that
+    cannot have the module's own (as many as this run collected)."""
+    items = [item for item in request.session.items if item.module is request.module]
+    wanted = sum("spare_server" in item.fixturenames or ("server_to_kill" in item.fixturenames and
+                 not no_later_test_uses(request.session.items, item, "server")) for item in items)
     pool = SpareServers(str(model_dir), model_dir.parent, wanted)
     yield pool
     pool.stop()
@@ -77,6 +80,18 @@ def server(model_dir, spares):
 @pytest.fixture
 def spare_server(spares):
     """A real server of the test's own, to wedge or kill: a live one is given back after it."""
+    srv = spares.take()
+    yield srv
+    spares.give_back(srv)
+
+
+@pytest.fixture
+def server_to_kill(request, spares):
+    """A real server the test ends: the module's own when no later test needs it (issue 41 item
+    8: one ~30 CPU-second start fewer; its teardown finds it stopped), else a spare."""
+    if no_later_test_uses(request.session.items, request.node, "server"):
+        yield request.getfixturevalue("server")
+        return
     srv = spares.take()
     yield srv
     spares.give_back(srv)
@@ -416,10 +431,10 @@ def test_a_server_without_the_capture_takes_the_r3_request_and_our_client_refuse
         engine.generate(_requests(tok, n=1)[:1], SamplingParams(max_new_tokens=3))
 
 
-def test_the_only_server_killed_mid_batch_fails_the_batch_naming_the_sample(spare_server):
+def test_the_only_server_killed_mid_batch_fails_the_batch_naming_the_sample(server_to_kill):
     from gspo_megatron.rollout.sglang.engine import SampleFailed
 
-    only = spare_server
+    only = server_to_kill
     eng = SGLangEngine.attach([only.address], request_timeout_s=30, health_timeout_s=60,
                               max_retries=1)
     try:
