@@ -17,6 +17,8 @@ and reused (``PROCESS_WIDE_THREADS``), and a thread a test names with
 
 ``--cpu-durations=N`` (``tests/cpu_durations.py``, loaded here) prints the N tests and modules
 that cost the most CPU-seconds, the measure of the suite's budget that load barely moves.
+``tests/ahead.py`` (loaded here) runs slow tests' self-contained commands in the background
+while the tests before them run.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import time
 
 import pytest
 
-pytest_plugins = ("tests.cpu_durations",)
+pytest_plugins = ("tests.cpu_durations", "tests.ahead")
 THREAD_GRACE_S = 5.0
 PROCESS_WIDE_THREADS = ("tqdm_monitor", "_ResourceSharer._serve")
 """tqdm's monitor (started by the first progress bar, e.g. transformers loading a checkpoint)

@@ -24,6 +24,9 @@ test's time between samples that found none of those processes (nor another thre
 running or waiting for a core: sleeps, polls, network, timeouts; what a test costs on an idle
 machine beyond its CPU. Both measures are estimates at the sampling interval.
 
+A command run ahead (``tests/ahead.py``) counts in the test that takes its result (``ahead``,
+from its runner's ``wait4``), not in the tests it ran beside; its runner is left out here.
+
 Limits: a process that ends less than one interval after a sample, and whose parent ended with
 it (a killed process group) or does not wait for it, loses that last interval. A process that
 clears its environment and whose parent is not in the tree (a daemon started with ``env -i``)
@@ -105,7 +108,9 @@ class ProcessTreeClock:
         os.environ[MARKER] = token  # inherited by everything started from here on
         self._needle = f"{MARKER}={token}".encode()
         self._lock = threading.Lock()
-        self._members: Dict[int, bool] = {}  # (pid, start) of every process looked at -> ours
+        self._members: Dict[tuple, bool] = {}  # (pid, start) of every process seen -> ours
+        self._excluded: set = set()  # PIDs left out with their descendants (a PID reused later
+        # by a process of ours would be left out too: one session does not wrap PIDs around)
         self._live: Dict[int, Tuple[int, int, float, float]] = {}  # ours at the last sample
         self._self_s, self._reaped_s = _rusage_s(resource.RUSAGE_SELF), 0.0
         self.total_s = self._self_s
@@ -125,10 +130,21 @@ class ProcessTreeClock:
         self._stop.set()
         self._thread.join()
 
+    def exclude(self, pid: int) -> None:
+        """Leave ``pid`` and every process it starts out (``tests/ahead.py``'s runner: its
+        commands' CPU is added to the tests that take their results)."""
+        with self._lock:
+            self._excluded.add(pid)
+            self._live.pop(pid, None)
+            self._members.update({key: False for key in self._members if key[0] == pid})
+
     def _ours(self, pid: int, ppid: int, start: int, live: dict) -> bool:
         key = (pid, start)
         if key not in self._members:
-            if ppid == self._me or ppid in live or ppid in self._live:
+            if pid in self._excluded or ppid in self._excluded:
+                self._excluded.add(pid)
+                self._members[key] = False
+            elif ppid == self._me or ppid in live or ppid in self._live:
                 self._members[key] = True
             else:
                 try:
@@ -191,8 +207,10 @@ class CpuLedger:
         finally:
             end = self._now()
             cpu, self_s, idle, wall = (b - a for a, b in zip(start, end))
-            self._record(item.nodeid, {"cpu": cpu, "self": self_s, "children": cpu - self_s,
-                                       "idle": idle, "wall": wall})
+            ahead = sum(v for k, v in item.user_properties if k == "ahead_cpu_s")
+            self._record(item.nodeid, {"cpu": cpu + ahead, "self": self_s, "ahead": ahead,
+                                       "children": cpu + ahead - self_s, "idle": idle,
+                                       "wall": wall})
 
     def _record(self, nodeid: str, row: dict) -> None:
         self.rows[nodeid] = row

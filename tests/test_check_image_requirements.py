@@ -8,11 +8,11 @@ published after the image), today's passes.
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.ahead import Command
 
 REPO = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("check_image_requirements",
@@ -117,78 +117,34 @@ def test_platform_tags_cover_the_glibc_range():
     assert tags[0] == "manylinux2014_x86_64" and tags[-1] == "manylinux_2_35_x86_64" and len(tags) == 20
 
 
-SLOW_RUNS = {
-    "test_the_file_before_issue_29_fails_on_the_base_image":
-        ["--requirements", str(REPO / "tests" / "data" / "requirements-gpu-before-issue-29.txt")],
-    "test_image_requirements_resolve_on_the_base_for_python_312_and_form_one_stack":
-        ["--base-lock", "{tmp}/base.txt"],
+TOOL = ["{python}", "{repo}/tools/check_image_requirements.py"]
+AHEAD = {
+    "test_the_file_before_issue_29_fails_on_the_base_image": Command(
+        [*TOOL, "--requirements", "{repo}/tests/data/requirements-gpu-before-issue-29.txt"],
+        waits=True),
+    "test_image_requirements_resolve_on_the_base_for_python_312_and_form_one_stack": Command(
+        [*TOOL, "--base-lock", "{dir}/base.txt"], waits=True),
 }
-"""The tool's arguments in each slow test. Each run waits mostly on the package index (~10 s of
-uv, then ~40 s of pip's dry run, ~28 CPU-seconds in all), so the runs of the selected tests start
-together and each test reads its own."""
-
-
-class ToolRun:
-    """``tools/check_image_requirements.py`` started now, read later (its output in files)."""
-
-    def __init__(self, args, tmp: Path) -> None:
-        self.tmp = tmp
-        self._out, self._err = open(tmp / "stdout", "w+"), open(tmp / "stderr", "w+")
-        self.process = subprocess.Popen(
-            [sys.executable, str(REPO / "tools" / "check_image_requirements.py"),
-             *[a.format(tmp=tmp) for a in args]], cwd=REPO, stdout=self._out, stderr=self._err)
-
-    def wait(self, timeout_s: float = 900) -> subprocess.CompletedProcess:
-        try:
-            code = self.process.wait(timeout=timeout_s)
-        finally:
-            self.stop()
-        outputs = []
-        for f in (self._out, self._err):
-            f.seek(0)
-            outputs.append(f.read())
-        return subprocess.CompletedProcess(self.process.args, code, *outputs)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-    def close(self) -> None:
-        self.stop()
-        self._out.close()
-        self._err.close()
-
-
-@pytest.fixture(scope="module")
-def tool_runs(request, tmp_path_factory):
-    """Every selected slow test's run of the tool, started at once."""
-    selected = {item.originalname for item in request.session.items if item.module is request.module}
-    runs = {name: ToolRun(args, tmp_path_factory.mktemp(name[:40]))
-            for name, args in SLOW_RUNS.items() if name in selected}
-    yield runs
-    for run in runs.values():
-        run.close()
+"""The tool's run of each slow test (``tests/ahead.py``): each waits mostly on the package index
+(~10 s of uv, then ~40 s of pip's dry run, ~28 CPU-seconds in all), so both start when the
+session does and run beside the others."""
 
 
 @pytest.mark.slow
-def test_the_file_before_issue_29_fails_on_the_base_image(tool_runs):
+def test_the_file_before_issue_29_fails_on_the_base_image(ahead):
     """What the image build met at its first RUN: four pins newer than the base's versions."""
-    proc = tool_runs["test_the_file_before_issue_29_fails_on_the_base_image"].wait()
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert ahead.returncode == 1, ahead.stdout + ahead.stderr
     for pin, held in (("packaging==26.4", "packaging==26.3"), ("pydantic==2.14.4", "pydantic==2.14.2"),
                       ("pyyaml==6.0.4", "pyyaml==6.0.3"), ("pyarrow==26.0.1", "pyarrow==26.0.0")):
         assert f"{pin} contradicts the base image (sglang==0.5.23 as of 2026-10-31), which holds {held}" \
-            in proc.stderr, proc.stderr
-    assert "torch==2.14.1 is already in the base image" in proc.stderr
+            in ahead.stderr, ahead.stderr
+    assert "torch==2.14.1 is already in the base image" in ahead.stderr
 
 
 @pytest.mark.slow
-def test_image_requirements_resolve_on_the_base_for_python_312_and_form_one_stack(tool_runs):
-    run = tool_runs["test_image_requirements_resolve_on_the_base_for_python_312_and_form_one_stack"]
-    proc = run.wait()
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "torch                    2.14.1" in proc.stdout and "nvidia-nccl-cu13         2.30.7" in proc.stdout
-    base = check.read_lock(run.tmp / "base.txt")
+def test_image_requirements_resolve_on_the_base_for_python_312_and_form_one_stack(ahead):
+    assert ahead.returncode == 0, ahead.stdout + ahead.stderr
+    assert "torch                    2.14.1" in ahead.stdout and "nvidia-nccl-cu13         2.30.7" in ahead.stdout
+    base = check.read_lock(ahead.dir / "base.txt")
     assert (base["sglang"], base["torch"], base["packaging"], base["pydantic"], base["pyyaml"],
             base["pyarrow"], base["numpy"]) == ("0.5.23", "2.14.1", "26.3", "2.14.2", "6.0.3", "26.0.0", "2.3.5")

@@ -56,11 +56,11 @@ def test_victim():
 
 
 def conftest_package(tmp_path: Path) -> Path:
-    """``tmp_path/tests``: this repository's conftest and the plugin it loads
-    (``tests.cpu_durations``), as the package they are in here."""
+    """``tmp_path/tests``: this repository's conftest and the plugins it loads
+    (``tests.cpu_durations``, ``tests.ahead``), as the package they are in here."""
     package = tmp_path / "tests"
     package.mkdir()
-    for name in ("__init__.py", "conftest.py", "cpu_durations.py"):
+    for name in ("__init__.py", "conftest.py", "cpu_durations.py", "ahead.py", "ahead_runner.py"):
         shutil.copy(REPO / "tests" / name, package / name)
     return package
 

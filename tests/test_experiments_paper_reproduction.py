@@ -14,6 +14,7 @@ from gspo_megatron.config import load_config
 from gspo_megatron.experiments.comparison import across_seeds, comparison_table, plot_comparison
 from gspo_megatron.experiments.paper_reproduction import (CONFIG, VARIANTS, RunSpec, Settings,
                                                           cold_start_runs, rl_runs)
+from tests.ahead import Command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,13 +69,17 @@ def test_table_and_figure_from_synthetic_rows(tmp_path):
     assert png.stat().st_size > 20_000
 
 
+AHEAD = {"test_smoke_of_the_entry_point": Command(
+    ["{python}", "{repo}/tools/reproduce_paper.py", "--out", "{dir}/paper", "--smoke", "--doc",
+     "{dir}/paper/doc.md"])}
+"""The smoke's 9 training runs (~70 CPU-seconds), in the background while the tests before it
+run (``tests/ahead.py``)."""
+
+
 @pytest.mark.slow
-def test_smoke_of_the_entry_point(tmp_path):
-    out = tmp_path / "paper"
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "reproduce_paper.py"),
-                           "--out", str(out), "--smoke", "--doc", str(out / "doc.md")],
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_smoke_of_the_entry_point(ahead):
+    out = ahead.dir / "paper"
+    assert ahead.returncode == 0, ahead.stderr[-3000:]
     doc = (out / "doc.md").read_text()  # 2 steps, nothing clipped: the report still renders
     assert all(f"- `{v}`: end " in doc for v in VARIANTS) and "4. **GSPO can use" in doc
     table = (out / "comparison.md").read_text().splitlines()

@@ -3,15 +3,16 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from tests.ahead import Command
 from tools import volatility_vs_depth as tool
 
-REPO = Path(__file__).resolve().parents[1]
+AHEAD = {"test_smoke_run_writes_the_table_and_the_figure": Command(
+    ["{python}", "tools/volatility_vs_depth.py", "--out", "{dir}/runs", "--smoke", "--doc",
+     "{dir}/doc.md"])}
+"""The smoke's training runs (~30 CPU-seconds), in the background while the tests before it run
+(``tests/ahead.py``)."""
 
 
 def test_summary_means_early_late_and_spread():
@@ -29,12 +30,10 @@ def test_summary_means_early_late_and_spread():
 
 
 @pytest.mark.slow
-def test_smoke_run_writes_the_table_and_the_figure(tmp_path):
+def test_smoke_run_writes_the_table_and_the_figure(ahead):
+    tmp_path = ahead.dir  # where it ran
     doc = tmp_path / "doc.md"
-    proc = subprocess.run([sys.executable, "tools/volatility_vs_depth.py", "--out", str(tmp_path / "runs"),
-                           "--smoke", "--doc", str(doc)], cwd=REPO, capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ahead.returncode == 0, ahead.stderr[-3000:]
     text = doc.read_text()
     assert "| 2 | 2 |" in text and "| 4 | 2 |" in text
     assert (tmp_path / "runs" / "volatility_vs_depth.png").stat().st_size > 1000

@@ -1,0 +1,82 @@
+"""Run the commands that ``tests/ahead.py`` planned, in the background of a test session.
+
+    python tests/ahead_runner.py PLAN.json [NICE]
+
+At CPU priority ``NICE`` (the session's runner: 19, so a test running in the foreground loses
+next to nothing to it and an idle core is what it uses; a test's own run: 0), in the plan's
+order: every ``waits`` command at once (they
+mostly wait on the network), the others one at a time. Each command runs in a session of its own
+in its directory's files (``stdout``, ``stderr``, ``pgid``); when it ends, ``result.json`` gets
+its exit code, seconds and CPU-seconds (its whole waited-for tree, from ``wait4``). A command
+past its timeout is killed with its process group (exit code -9). SIGTERM ends the runner and
+every command still running, by their process groups.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+POLL_S = 0.2
+
+
+def _start(job: dict) -> subprocess.Popen:
+    out_dir = Path(job["dir"])
+    with open(out_dir / "stdout", "wb") as out, open(out_dir / "stderr", "wb") as err:
+        proc = subprocess.Popen(job["argv"], cwd=job["cwd"], env=dict(os.environ, **job["env"]),
+                                stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    (out_dir / "pgid").write_text(str(proc.pid))
+    return proc
+
+
+def _finish(job: dict, code: int, started: float, cpu_s: float) -> None:
+    result = {"returncode": code, "seconds": round(time.monotonic() - started, 2),
+              "cpu_s": round(cpu_s, 2)}
+    path = Path(job["dir"]) / "result.json"
+    path.with_suffix(".tmp").write_text(json.dumps(result))
+    path.with_suffix(".tmp").rename(path)  # whole, or not there
+
+
+def run(plan: list) -> None:
+    queue = [job for job in plan if not job["waits"]]
+    running = {}  # pid -> (job, Popen (kept: a dropped one may be reaped by subprocess), started)
+
+    def stop(signum, frame):
+        for _, proc, _ in running.values():
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    for job in plan:
+        if job["waits"]:
+            proc = _start(job)
+            running[proc.pid] = (job, proc, time.monotonic())
+    while queue or running:
+        if queue and not any(not job["waits"] for job, _, _ in running.values()):
+            job = queue.pop(0)
+            proc = _start(job)
+            running[proc.pid] = (job, proc, time.monotonic())
+        for pid, (job, _, started) in list(running.items()):
+            done, status, usage = os.wait4(pid, os.WNOHANG)
+            if done:
+                del running[pid]
+                _finish(job, os.waitstatus_to_exitcode(status), started,
+                        usage.ru_utime + usage.ru_stime)
+            elif time.monotonic() - started > job["timeout_s"]:
+                os.killpg(pid, signal.SIGKILL)
+        time.sleep(POLL_S)
+
+
+if __name__ == "__main__":
+    os.nice(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+    run(json.loads(Path(sys.argv[1]).read_text()))
