@@ -4,16 +4,18 @@ A test module lists them in a module-level ``AHEAD = {test name: Command(...)}``
 (``{python}``, ``{repo}`` and the command's own directory ``{dir}`` filled in) whose outputs the
 test then checks. Once the session has collected its tests, one runner process
 (``tests/ahead_runner.py``, nice 19) runs the commands of the collected ones, in the order their
-tests come, while the tests before them run: on a 2-core machine most tests keep one core busy
-(one interpreter, or a trainer that pytest waits for), so the other core runs these. A test
-takes its command's result from the ``ahead`` fixture, waiting for it if it is still running,
-and checks it exactly as it checked the command it used to run itself. A command that was not
-run ahead (``GSPO_TESTS_AHEAD=0``, or a test not collected at the start) runs in its test.
+tests come (``early`` ones in a lane of their own), while the tests before them run: on a 2-core
+machine most tests keep one core busy (one interpreter, or a trainer that pytest waits for), so
+the other core runs these. A test takes its command's result from the ``ahead`` fixture, waiting
+for it if it is still running (at the foreground's priority from then on), and checks it exactly
+as it checked the command it used to run itself. A command that was not run ahead (``GSPO_TESTS_AHEAD=0``, or a test not collected at the
+start) runs in its test.
 
-Only commands that need nothing from the session belong here: a tool run into its own
-directory, with no fixture's server, no Slurm, nothing that reads the foreground's timing (a
-memory sampler would miss peaks while nice 19 waits). ``--cpu-durations`` counts a command's
-CPU-seconds in its test, not in the tests it ran beside.
+Only commands that need nothing from the session belong here: a tool run into its own directory,
+with no fixture's server, no Slurm, no timing that the foreground's load could change (a probe
+of a server's idle CPU, a race a test sets up); a memory sampler runs at the foreground's
+priority (``foreground_priority``). ``--cpu-durations`` counts a command's CPU-seconds in its
+test, not in the tests it ran beside.
 """
 
 from __future__ import annotations
@@ -46,12 +48,21 @@ class Command:
     timeout_s: float = 900.0
     waits: bool = False
     """It mostly waits (on the network): it runs beside the others, not in turn."""
+    early: bool = False
+    """In a lane of its own that starts with the session: a real SGLang server (~3.6 GB) is best
+    started while the first tests, which hold no server, run."""
+    foreground_priority: bool = False
+    """Not at nice 19: its own timing matters (a memory sampler must not miss a peak)."""
 
     def job(self, out_dir: Path) -> dict:
-        fill = dict(python=sys.executable, repo=str(REPO), dir=str(out_dir))
-        return {"argv": [a.format(**fill) for a in self.argv], "env": dict(self.env),
-                "cwd": self.cwd.format(**fill), "timeout_s": self.timeout_s,
-                "waits": self.waits, "dir": str(out_dir)}
+        def fill(text: str) -> str:  # only these three: a command's own braces stay as they are
+            for key, value in (("python", sys.executable), ("repo", str(REPO)), ("dir", str(out_dir))):
+                text = text.replace("{" + key + "}", value)
+            return text
+
+        return {"argv": [fill(a) for a in self.argv], "env": dict(self.env), "cwd": fill(self.cwd), "timeout_s": self.timeout_s, "waits": self.waits,
+                "early": self.early, "foreground_priority": self.foreground_priority,
+                "dir": str(out_dir)}
 
 
 @dataclass
@@ -113,17 +124,45 @@ def pytest_sessionfinish(session) -> None:
                 pass
 
 
+def _to_the_foreground(root: int) -> None:
+    """Every thread of ``root`` and its descendants at nice 0: the session now waits for it.
+    Lowering a nice value needs root (``make test`` is: the local Slurm); else nothing changes."""
+    parents = {}
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                parents[int(name)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    tree, grew = {root}, True
+    while grew:
+        before = len(tree)
+        tree |= {pid for pid, ppid in parents.items() if ppid in tree}
+        grew = len(tree) > before
+    for pid in tree:
+        for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else ():
+            try:
+                if os.getpriority(os.PRIO_PROCESS, int(tid)) > 0:
+                    os.setpriority(os.PRIO_PROCESS, int(tid), 0)
+            except OSError:  # gone, or not allowed
+                pass
+
+
 def _wait(job: dict, runner: subprocess.Popen) -> dict:
-    path = Path(job["dir"]) / "result.json"
+    out_dir = Path(job["dir"])
     deadline = time.monotonic() + 2 * job["timeout_s"] + 600  # queued behind others, at most
-    while not path.exists():
-        if runner.poll() is not None and not path.exists():
+    raised_at = 0.0
+    while not (out_dir / "result.json").exists():
+        if runner.poll() is not None and not (out_dir / "result.json").exists():
             log = Path(runner.args[2]).with_name("runner.log")
             raise AssertionError(f"the ahead runner ended ({runner.returncode}) before "
                                  f"{job['argv']} did:\n{log.read_text()[-3000:]}")
         assert time.monotonic() < deadline, f"{job['argv']} not done in time"
+        if (out_dir / "pgid").exists() and time.monotonic() - raised_at > 2.0:
+            _to_the_foreground(int((out_dir / "pgid").read_text()))  # and its new processes
+            raised_at = time.monotonic()
         time.sleep(0.2)
-    return json.loads(path.read_text())
+    return json.loads((out_dir / "result.json").read_text())
 
 
 @pytest.fixture

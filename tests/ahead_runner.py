@@ -2,14 +2,16 @@
 
     python tests/ahead_runner.py PLAN.json [NICE]
 
-At CPU priority ``NICE`` (the session's runner: 19, so a test running in the foreground loses
-next to nothing to it and an idle core is what it uses; a test's own run: 0), in the plan's
-order: every ``waits`` command at once (they
-mostly wait on the network), the others one at a time. Each command runs in a session of its own
-in its directory's files (``stdout``, ``stderr``, ``pgid``); when it ends, ``result.json`` gets
-its exit code, seconds and CPU-seconds (its whole waited-for tree, from ``wait4``). A command
-past its timeout is killed with its process group (exit code -9). SIGTERM ends the runner and
-every command still running, by their process groups.
+Commands run at CPU priority ``NICE`` (the session's runner: 19, so a test running in the
+foreground loses next to nothing to them and an idle core is what they use; a test's own run:
+0), except those asking for ``foreground_priority`` (a memory sampler that must not starve).
+Every ``waits`` command starts at once (they mostly wait on the network); the others run in two
+lanes, one command at a time in each: the ``early`` ones, and the rest in the plan's order. Each
+command runs in a session of its own in its directory's files (``stdout``, ``stderr``,
+``pgid``); when it ends, ``result.json`` gets its exit code, seconds and CPU-seconds (its whole
+waited-for tree, from ``wait4``). A command past its timeout is killed with its process group
+(exit code -9). SIGTERM ends the runner and every command still running, by their process
+groups.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ from pathlib import Path
 POLL_S = 0.2
 
 
-def _start(job: dict) -> subprocess.Popen:
+def _start(job: dict, nice: int) -> subprocess.Popen:
     out_dir = Path(job["dir"])
     with open(out_dir / "stdout", "wb") as out, open(out_dir / "stderr", "wb") as err:
         proc = subprocess.Popen(job["argv"], cwd=job["cwd"], env=dict(os.environ, **job["env"]),
                                 stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True,
+                                preexec_fn=(lambda: os.nice(nice)) if nice else None)
     (out_dir / "pgid").write_text(str(proc.pid))
     return proc
 
@@ -43,9 +46,20 @@ def _finish(job: dict, code: int, started: float, cpu_s: float) -> None:
     path.with_suffix(".tmp").rename(path)  # whole, or not there
 
 
-def run(plan: list) -> None:
-    queue = [job for job in plan if not job["waits"]]
+def run(plan: list, nice: int = 0) -> None:
+    """``nice``: the priority of the commands, except those that ask for the foreground's."""
+    lanes = [[job for job in plan if not job["waits"] and job["early"]],
+             [job for job in plan if not job["waits"] and not job["early"]]]
     running = {}  # pid -> (job, Popen (kept: a dropped one may be reaped by subprocess), started)
+
+    def start(job: dict) -> None:
+        try:
+            proc = _start(job, 0 if job["foreground_priority"] else nice)
+        except OSError as exc:  # no such interpreter, ...: the test reads why
+            (Path(job["dir"]) / "stderr").write_text(f"could not start {job['argv']}: {exc}\n")
+            _finish(job, 127, time.monotonic(), 0.0)
+            return
+        running[proc.pid] = (job, proc, time.monotonic())
 
     def stop(signum, frame):
         for _, proc, _ in running.values():
@@ -59,13 +73,13 @@ def run(plan: list) -> None:
     signal.signal(signal.SIGTERM, stop)
     for job in plan:
         if job["waits"]:
-            proc = _start(job)
-            running[proc.pid] = (job, proc, time.monotonic())
-    while queue or running:
-        if queue and not any(not job["waits"] for job, _, _ in running.values()):
-            job = queue.pop(0)
-            proc = _start(job)
-            running[proc.pid] = (job, proc, time.monotonic())
+            start(job)
+    while any(lanes) or running:
+        busy = {job["early"] for job, _, _ in running.values() if not job["waits"]}
+        ready = [lane for lane in lanes if lane and lane[0]["early"] not in busy]
+        if ready:
+            start(ready[0].pop(0))
+            continue
         for pid, (job, _, started) in list(running.items()):
             done, status, usage = os.wait4(pid, os.WNOHANG)
             if done:
@@ -78,5 +92,4 @@ def run(plan: list) -> None:
 
 
 if __name__ == "__main__":
-    os.nice(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
-    run(json.loads(Path(sys.argv[1]).read_text()))
+    run(json.loads(Path(sys.argv[1]).read_text()), int(sys.argv[2]) if len(sys.argv) > 2 else 0)

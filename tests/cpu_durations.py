@@ -20,9 +20,10 @@ A sampler thread reads ``/proc/<pid>/stat`` of those processes every ``--cpu-dur
 seconds (0.5) and at every test's start and end. A process's own CPU counts as it grows; what a
 parent reaps (``cutime``: ``RUSAGE_CHILDREN`` for pytest itself) counts minus the children it
 was already counted for, which catches processes too short-lived to be sampled. ``idle``: the
-test's time between samples that found none of those processes (nor another thread of pytest)
-running or waiting for a core: sleeps, polls, network, timeouts; what a test costs on an idle
-machine beyond its CPU. Both measures are estimates at the sampling interval.
+test's time between samples in which those processes (and pytest, its sampler aside) used
+under 10% of a core and none of them (nor another thread of pytest) was running or waiting for a
+core: sleeps, polls, network, timeouts; what a test costs on an idle machine beyond its CPU.
+Both measures are estimates at the sampling interval.
 
 A command run ahead (``tests/ahead.py``) counts in the test that takes its result (``ahead``,
 from its runner's ``wait4``), not in the tests it ran beside; its runner is left out here.
@@ -121,6 +122,8 @@ class ProcessTreeClock:
         self._thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True,
                                         name="cpu-durations-sampler")
         self._thread.start()
+        self._sampler_clock = time.pthread_getcpuclockid(self._thread.ident)
+        self._sampler_s = 0.0
 
     def _run(self, interval_s: float) -> None:
         while not self._stop.wait(interval_s):
@@ -180,10 +183,15 @@ class ProcessTreeClock:
             self._self_s, self._reaped_s, self._live = self_s, reaped_s, live
             self.total_s += added
             now = time.monotonic()
-            if not any(stat[4] for stat in live.values()) and not _any_thread_running(
-                    self._me, threading.get_native_id()):
+            try:  # the sampler's own CPU is not the tests' work
+                sampler_s = time.clock_gettime(self._sampler_clock)
+            except OSError:  # closed
+                sampler_s = self._sampler_s
+            worked = added - (sampler_s - self._sampler_s) > 0.1 * (now - self._sampled_at)
+            if not (worked or any(stat[4] for stat in live.values())
+                    or _any_thread_running(self._me, threading.get_native_id())):
                 self.idle_s += now - self._sampled_at  # nothing of ours ran or waited for a core
-            self._sampled_at = now
+            self._sampled_at, self._sampler_s = now, sampler_s
             return self.total_s
 
 

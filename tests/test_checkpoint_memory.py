@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from benchmarks.owned_memory import run_measured
+from tests.ahead import Command
 from tests.qwen3_assets import write_tiny
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,20 +64,35 @@ def _tensors(hf_dir: Path):
     return out
 
 
+def measure(out: str) -> None:
+    """The test's four runs, into ``out`` (run ahead, ``tests/ahead.py``): the peaks of the round
+    trips of a few-kilobyte checkpoint (the tools' floor) and of the 0.32 GiB one, its size, in
+    ``out/peaks.json``."""
+    work = Path(out)
+    floor = _round_trip(write_tiny(work / "tiny_hf"), work / "tiny", work)
+    hf_dir = write_tiny(work / "medium_hf", max_shard_bytes=10**8, **MEDIUM)
+    size = json.loads((hf_dir / "model.safetensors.index.json").read_text())["metadata"]["total_size"]
+    peaks = _round_trip(hf_dir, work / "medium", work)
+    (work / "peaks.json").write_text(json.dumps({"floor": floor, "peaks": peaks, "size": size}))
+
+
+AHEAD = {"test_convert_and_export_hold_the_model_once": Command(
+    ["{python}", "-c", "import sys; from tests.test_checkpoint_memory import measure; "
+     "measure(sys.argv[1])", "{dir}"], foreground_priority=True, timeout_s=1800)}
+"""The four torchrun runs (~34 CPU-seconds) in the background while the tests before this one
+run (``tests/ahead.py``), at the foreground's priority: the sampler must see the peaks."""
+
+
 @pytest.mark.slow
-def test_convert_and_export_hold_the_model_once(tmp_path):
-    floor = _round_trip(write_tiny(tmp_path / "tiny_hf"), tmp_path / "tiny", tmp_path)
-    hf_dir = write_tiny(tmp_path / "medium_hf", max_shard_bytes=10**8, **MEDIUM)
-    index = json.loads((hf_dir / "model.safetensors.index.json").read_text())
-    size = index["metadata"]["total_size"]
+def test_convert_and_export_hold_the_model_once(ahead):
+    assert ahead.returncode == 0, ahead.stderr[-3000:]
+    measured = json.loads((ahead.dir / "peaks.json").read_text())
+    floor, peaks, size = measured["floor"], measured["peaks"], measured["size"]
     assert 0.3 * 2**30 < size < 0.35 * 2**30
-    peaks = _round_trip(hf_dir, tmp_path / "medium", tmp_path)
     ratios = {tool: (peak - base) / size
               for tool, peak, base in zip(("convert", "export"), peaks, floor)}
     print(f"floor {[round(f / 2**30, 2) for f in floor]} GiB, above it: {ratios}")
     assert all(ratios[tool] < BOUND[tool] for tool in BOUND), ratios
-    source, back = _tensors(hf_dir), _tensors(tmp_path / "medium" / "hf")
+    source, back = _tensors(ahead.dir / "medium_hf"), _tensors(ahead.dir / "medium" / "hf")
     assert source.keys() == back.keys()
     assert all(torch.equal(source[n].view(torch.int16), back[n].view(torch.int16)) for n in source)
-    exported = tmp_path / "medium" / "hf" / "config.json"
-    assert (hf_dir / "config.json").read_bytes() == exported.read_bytes()

@@ -85,7 +85,7 @@ def test_each_test_gets_the_cpu_of_its_processes(tmp_path):
     assert len(rows) == 7
     low, high = 0.8 * BURN_S, BURN_S + 0.5  # a python start-up is ~0.02-0.1 CPU-s more
     assert rows["test_idle"]["cpu"] < 0.15 and rows["test_idle"]["idle"] > 0.7, rows["test_idle"]
-    assert rows["test_in_pytest"]["idle"] < 0.2, rows["test_in_pytest"]  # busy, not idle
+    assert rows["test_in_pytest"]["idle"] < 0.5 * rows["test_in_pytest"]["wall"], rows["test_in_pytest"]
     assert low < rows["test_in_pytest"]["self"] < high, rows["test_in_pytest"]
     for name in ("test_waited_child", "test_orphaned_grandchild", "test_server_second"):
         assert low < rows[name]["children"] < high, rows[name]

@@ -1,5 +1,7 @@
 """Tests of rollout server command lines and process ownership (rollout/sglang/launcher.py)."""
 
+import json
+import re
 import sys
 import time
 
@@ -7,6 +9,7 @@ import pytest
 
 from gspo_megatron.config.schema import SGLangConfig
 from gspo_megatron.rollout.sglang.launcher import ServerLauncher, sglang_server_command
+from tests.ahead import Command
 
 
 def _flag(cmd, name):
@@ -70,29 +73,46 @@ def test_cpu_engine_dtype_and_keyed_launch(tmp_path):
     assert "--dtype" not in unreadable  # SGLang decides; a warning says so
 
 
+PORT_TAKEN = """
+import json, socket, sys, time
+from pathlib import Path
+from gspo_megatron.config.schema import SGLangConfig
+from gspo_megatron.rollout.sglang.engine import SGLangEngine
+from gspo_megatron.tiny_task.assets import make_tiny_assets
+from gspo_megatron.tiny_task.task import AdditionTaskConfig
+from tests.real_sglang import SGLANG_PYTHON
+
+out = Path(sys.argv[1])
+assets = make_tiny_assets(out / "assets", task=AdditionTaskConfig(num_train=8, num_eval=2))
+holder = socket.socket()
+holder.bind(("127.0.0.1", 0))
+holder.listen()
+port = holder.getsockname()[1]
+cfg = SGLangConfig(device="cpu", python=str(SGLANG_PYTHON), port=port, max_total_tokens=4096,
+                   health_timeout_s=600)
+t0 = time.monotonic()
+try:
+    SGLangEngine.from_config(cfg, str(assets.model_dir), log_dir=str(out / "logs"))
+    error = None
+except RuntimeError as exc:
+    error = str(exc)
+finally:
+    holder.close()
+print(json.dumps({"port": port, "error": error, "seconds": time.monotonic() - t0}))
+"""
+AHEAD = {"test_a_real_server_whose_port_is_taken_fails_the_start_naming_it": Command(
+    ["{python}", "-c", PORT_TAKEN, "{dir}"], early=True, foreground_priority=True, timeout_s=900)}
+"""The start (a real server, ~35 CPU-seconds) in the background while the first tests of the
+session run (``tests/ahead.py``), at the foreground's priority: its time is checked."""
+
+
 @pytest.mark.slow
-def test_a_real_server_whose_port_is_taken_fails_the_start_naming_it(tmp_path):
+def test_a_real_server_whose_port_is_taken_fails_the_start_naming_it(ahead):
     """SGLang 0.5.23 logs the bind failure and keeps running (its scheduler holds the process),
     so waiting for health would poll the port's other owner until the start-up deadline: the
     engine reads the server's log and stops at once, naming the port."""
-    import socket
-
-    from gspo_megatron.rollout.sglang.engine import SGLangEngine
-    from gspo_megatron.tiny_task.assets import make_tiny_assets
-    from gspo_megatron.tiny_task.task import AdditionTaskConfig
-    from tests.real_sglang import SGLANG_PYTHON
-
-    assets = make_tiny_assets(tmp_path / "assets", task=AdditionTaskConfig(num_train=8, num_eval=2))
-    holder = socket.socket()
-    holder.bind(("127.0.0.1", 0))
-    holder.listen()
-    port = holder.getsockname()[1]
-    cfg = SGLangConfig(device="cpu", python=str(SGLANG_PYTHON), port=port, max_total_tokens=4096,
-                       health_timeout_s=600)
-    t0 = time.monotonic()
-    try:
-        with pytest.raises(RuntimeError, match=rf"could not listen on their ports .*127.0.0.1:{port}"):
-            SGLangEngine.from_config(cfg, str(assets.model_dir), log_dir=str(tmp_path / "logs"))
-    finally:
-        holder.close()
-    assert time.monotonic() - t0 < 300  # well before the 600 s deadline
+    assert ahead.returncode == 0, ahead.stderr[-3000:]
+    got = json.loads(ahead.stdout.strip().splitlines()[-1])
+    assert got["error"] and re.search(rf"could not listen on their ports .*127.0.0.1:{got['port']}",
+                                      got["error"]), got
+    assert got["seconds"] < 300  # well before the 600 s deadline
