@@ -125,8 +125,10 @@ def pytest_sessionfinish(session) -> None:
 
 
 def _to_the_foreground(root: int) -> None:
-    """Every thread of ``root`` and its descendants at nice 0: the session now waits for it.
-    Lowering a nice value needs root (``make test`` is: the local Slurm); else nothing changes."""
+    """Every thread of ``root`` and its descendants at this process's nice value: the session
+    now waits for it. Lowering a nice value needs root (``make test`` is: the local Slurm); else
+    nothing changes."""
+    own = os.getpriority(os.PRIO_PROCESS, 0)
     parents = {}
     for name in os.listdir("/proc"):
         try:
@@ -142,8 +144,8 @@ def _to_the_foreground(root: int) -> None:
     for pid in tree:
         for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else ():
             try:
-                if os.getpriority(os.PRIO_PROCESS, int(tid)) > 0:
-                    os.setpriority(os.PRIO_PROCESS, int(tid), 0)
+                if os.getpriority(os.PRIO_PROCESS, int(tid)) > own:
+                    os.setpriority(os.PRIO_PROCESS, int(tid), own)
             except OSError:  # gone, or not allowed
                 pass
 

@@ -2,16 +2,16 @@
 
     python tests/ahead_runner.py PLAN.json [NICE]
 
-Commands run at CPU priority ``NICE`` (the session's runner: 19, so a test running in the
+Commands run at nice value ``NICE`` (the session's runner: 19, so a test running in the
 foreground loses next to nothing to them and an idle core is what they use; a test's own run:
-0), except those asking for ``foreground_priority`` (a memory sampler that must not starve).
+its own), except those asking for ``foreground_priority`` (a memory sampler that must not starve).
 Every ``waits`` command starts at once (they mostly wait on the network); the others run in two
 lanes, one command at a time in each: the ``early`` ones, and the rest in the plan's order. Each
 command runs in a session of its own in its directory's files (``stdout``, ``stderr``,
-``pgid``); when it ends, ``result.json`` gets its exit code, seconds and CPU-seconds (its whole
-waited-for tree, from ``wait4``). A command past its timeout is killed with its process group
-(exit code -9). SIGTERM ends the runner and every command still running, by their process
-groups.
+``pgid``); when it ends, ``result.json`` gets its exit code, seconds, CPU-seconds (its whole
+waited-for tree, from ``wait4``) and the nice value it started at. A command past its timeout is killed with its process group
+(exit code -9). SIGTERM, or the end of the session's process, ends the runner and every command
+still running, by their process groups.
 """
 
 from __future__ import annotations
@@ -29,35 +29,41 @@ POLL_S = 0.2
 
 def _start(job: dict, nice: int) -> subprocess.Popen:
     out_dir = Path(job["dir"])
+    lower = nice > os.getpriority(os.PRIO_PROCESS, 0)
     with open(out_dir / "stdout", "wb") as out, open(out_dir / "stderr", "wb") as err:
         proc = subprocess.Popen(job["argv"], cwd=job["cwd"], env=dict(os.environ, **job["env"]),
                                 stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                 start_new_session=True,
-                                preexec_fn=(lambda: os.nice(nice)) if nice else None)
+                                preexec_fn=(lambda: os.setpriority(os.PRIO_PROCESS, 0, nice))
+                                if lower else None)
     (out_dir / "pgid").write_text(str(proc.pid))
     return proc
 
 
-def _finish(job: dict, code: int, started: float, cpu_s: float) -> None:
+def _finish(job: dict, code: int, started: float, cpu_s: float, nice: int) -> None:
     result = {"returncode": code, "seconds": round(time.monotonic() - started, 2),
-              "cpu_s": round(cpu_s, 2)}
+              "cpu_s": round(cpu_s, 2), "nice": nice}
     path = Path(job["dir"]) / "result.json"
     path.with_suffix(".tmp").write_text(json.dumps(result))
     path.with_suffix(".tmp").rename(path)  # whole, or not there
 
 
 def run(plan: list, nice: int = 0) -> None:
-    """``nice``: the priority of the commands, except those that ask for the foreground's."""
+    """``nice``: the nice value of the commands (at least the runner's own, which those asking
+    for the foreground's priority keep)."""
     lanes = [[job for job in plan if not job["waits"] and job["early"]],
              [job for job in plan if not job["waits"] and not job["early"]]]
     running = {}  # pid -> (job, Popen (kept: a dropped one may be reaped by subprocess), started)
 
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+
     def start(job: dict) -> None:
+        job["nice"] = own if job["foreground_priority"] else max(own, nice)
         try:
-            proc = _start(job, 0 if job["foreground_priority"] else nice)
+            proc = _start(job, job["nice"])
         except OSError as exc:  # no such interpreter, ...: the test reads why
             (Path(job["dir"]) / "stderr").write_text(f"could not start {job['argv']}: {exc}\n")
-            _finish(job, 127, time.monotonic(), 0.0)
+            _finish(job, 127, time.monotonic(), 0.0, job["nice"])
             return
         running[proc.pid] = (job, proc, time.monotonic())
 
@@ -71,10 +77,13 @@ def run(plan: list, nice: int = 0) -> None:
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
+    session = os.getppid()
     for job in plan:
         if job["waits"]:
             start(job)
     while any(lanes) or running:
+        if os.getppid() != session:  # the session died without ending us (SIGKILL, SIGTERM)
+            stop(signal.SIGTERM, None)
         busy = {job["early"] for job, _, _ in running.values() if not job["waits"]}
         ready = [lane for lane in lanes if lane and lane[0]["early"] not in busy]
         if ready:
@@ -85,7 +94,7 @@ def run(plan: list, nice: int = 0) -> None:
             if done:
                 del running[pid]
                 _finish(job, os.waitstatus_to_exitcode(status), started,
-                        usage.ru_utime + usage.ru_stime)
+                        usage.ru_utime + usage.ru_stime, job["nice"])
             elif time.monotonic() - started > job["timeout_s"]:
                 os.killpg(pid, signal.SIGKILL)
         time.sleep(POLL_S)

@@ -1,8 +1,9 @@
-"""tests/ahead.py: a slow test's command runs in the background while the tests before it run,
-the test gets its exit code, output and directory as if it had run it, a command a test waits
-for runs at the foreground's priority from then on, a command past its timeout is killed, the session's end stops what still runs, its CPU-seconds count in its own
-test; with GSPO_TESTS_AHEAD=0 each command runs in its test. Each case is a fresh pytest
-process with this repository's conftest."""
+"""tests/ahead.py: a slow test's command runs in the background while the tests before it run, the
+test gets its exit code, output and directory as if it had run it, a command a test waits for
+runs at the foreground's priority from then on, a command past its timeout is killed, the
+session's end (or its death) stops what still runs, its CPU-seconds count in its own test; with
+GSPO_TESTS_AHEAD=0 each command runs in its test. Each case is a fresh pytest process with this
+repository's conftest."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 from tests.test_conftest import conftest_package
 
 CASE = '''
-import os, time
+import json, os, time
 from pathlib import Path
 import pytest
 from tests.ahead import Command
@@ -28,7 +30,7 @@ AHEAD = {
     "test_takes_a_burn": Command(["{python}", "-c", BURN]),
     "test_takes_a_timeout": Command(["{python}", "-c", "import time; time.sleep(60)"], timeout_s=1),
     "test_waits_at_the_foregrounds_priority": Command(
-        ["{python}", "-c", "import os, time; print(os.nice(0)); time.sleep(4); print(os.nice(0))"]),
+        ["{python}", "-c", "import os, time; time.sleep(4); print(os.nice(0))"]),
 }
 
 def test_first():
@@ -50,11 +52,14 @@ def test_takes_a_timeout(ahead):
     assert ahead.returncode == -9
 
 def test_waits_at_the_foregrounds_priority(ahead):
-    # ahead: started at nice 19, raised once this test waited for it (lowering needs root)
-    want = ["19", "0" if os.geteuid() == 0 else "19"]
+    # ahead: started at nice 19, at this test's once it waited for it (lowering needs root);
+    # run in its test: at the test's own
+    started = json.loads((ahead.dir / "result.json").read_text())["nice"]
+    own = os.nice(0)
     if os.environ.get("GSPO_TESTS_AHEAD") == "0":
-        want = ["0", "0"]  # run in its test, at its priority
-    assert ahead.stdout.split() == want, ahead.stdout
+        assert (started, ahead.stdout.split()) == (own, [str(own)])
+    else:
+        assert (started, ahead.stdout.split()) == (19, [str(own if os.geteuid() == 0 else 19)])
 '''
 
 
@@ -108,3 +113,38 @@ def test_the_sessions_end_stops_a_command_still_running(tmp_path):
     except FileNotFoundError:
         return
     assert state == "Z", f"the command {pid} outlived its session"
+
+
+def test_a_killed_session_leaves_no_command_running(tmp_path):
+    package = conftest_package(tmp_path)
+    (package / "test_case.py").write_text(textwrap.dedent('''
+        import time
+        from tests.ahead import Command
+        AHEAD = {"test_later": Command(["{python}", "-c",
+                 "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); "
+                 "time.sleep(120)", "{dir}/pid"])}
+        def test_long():
+            time.sleep(120)
+        def test_later(ahead):
+            pass
+    '''))
+    session = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                "test_case.py", "--basetemp", str(tmp_path / "base")], cwd=package,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / "base").rglob("pid")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pid = int(next((tmp_path / "base").rglob("pid")).read_text())
+    finally:
+        session.kill()  # no sessionfinish: the runner sees its parent gone
+        session.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+        except FileNotFoundError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the command {pid} outlived its killed session")

@@ -22,33 +22,49 @@ Every row must match, except those ``tools/server_behaviour/rows.py`` lists with
 those must still differ, so a fixed difference gets its reason removed). The observed cells of
 the doc's table must equal this run's, except the two rows that need extra starts
 (``run.FULL_ONLY_ROWS``: ``tools/real_server_behaviour.py --full`` observes them). The run's
-observations are written to ``<tmp>/real_server_behaviour.json``.
+observations are written to ``<tmp>/real_server_behaviour.json``, by a process that runs them
+while the session's first tests run (``tests/ahead.py``).
 """
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.ahead import Command
 from tools.server_behaviour import rows as table
-from tools.server_behaviour.probes import LOGPROB_TOL
-from tools.server_behaviour.run import FULL_ONLY_ROWS, observe, write_json
+from tools.server_behaviour.probes import LOGPROB_TOL, Observed
+from tools.server_behaviour.run import FULL_ONLY_ROWS
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "rollout.md"
 
 
+OBSERVE = """
+import sys, time
+from pathlib import Path
+from tools.server_behaviour.run import observe, write_json
+out, t0, timings = Path(sys.argv[1]), time.monotonic(), {}
+observed = observe(out / "work", timings=timings)
+write_json(observed, out / "real_server_behaviour.json", time.monotonic() - t0, full=False,
+           timings=timings)
+"""
+AHEAD = {"test_the_stand_in_behaves_like_the_real_server_and_the_doc_says_what_it_does": Command(
+    ["{python}", "-c", OBSERVE, "{dir}"], early=True, foreground_priority=True, timeout_s=1200)}
+"""The probes (three real-server starts, ~100 CPU-seconds) while the first tests of the session
+run, which hold no server (``tests/ahead.py``); at the foreground's priority: the idle-CPU probe
+measures a spinning server's share of a core."""
+
+
 @pytest.mark.slow
-def test_the_stand_in_behaves_like_the_real_server_and_the_doc_says_what_it_does(tmp_path):
-    t0 = time.monotonic()
-    timings = {}
-    observed = observe(tmp_path / "work", timings=timings)
-    artifact = tmp_path / "real_server_behaviour.json"
-    write_json(observed, artifact, time.monotonic() - t0, full=False, timings=timings)
-    print(f"phases (s): {timings}")
+def test_the_stand_in_behaves_like_the_real_server_and_the_doc_says_what_it_does(ahead):
+    artifact = ahead.dir / "real_server_behaviour.json"
+    assert ahead.returncode == 0 and artifact.is_file(), ahead.stdout + ahead.stderr[-3000:]
+    recorded = json.loads(artifact.read_text())
+    observed = [Observed(**row) for row in recorded["rows"]]
+    print(f"phases (s): {recorded['timings']}")
     by_row = {o.row: o for o in observed}
     assert sorted(by_row) == sorted(set(table.ROW_IDS) - set(FULL_ONLY_ROWS))
 
