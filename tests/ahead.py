@@ -8,14 +8,14 @@ tests come (``early`` ones in a lane of their own), while the tests before them 
 machine most tests keep one core busy (one interpreter, or a trainer that pytest waits for), so
 the other core runs these. A test takes its command's result from the ``ahead`` fixture, waiting
 for it if it is still running (at the foreground's priority from then on), and checks it exactly
-as it checked the command it used to run itself. A command that was not run ahead (``GSPO_TESTS_AHEAD=0``, or a test not collected at the
-start) runs in its test.
+as it checked the command it used to run itself. A command that was not run ahead
+(``GSPO_TESTS_AHEAD=0``, or a test not collected at the start) runs in its test.
 
-Only commands that need nothing from the session belong here: a tool run into its own directory,
-with no fixture's server, no Slurm, no timing that the foreground's load could change (a probe
-of a server's idle CPU, a race a test sets up); a memory sampler runs at the foreground's
-priority (``foreground_priority``). ``--cpu-durations`` counts a command's CPU-seconds in its
-test, not in the tests it ran beside.
+Only commands that need nothing from the session belong here: a tool or a script run into its
+own directory, with no fixture's server, no Slurm. One whose own timing is checked (a memory
+sampler, a server's idle-CPU probe, a signal sent 0.5 s after a launch, a start-up deadline)
+asks for ``foreground_priority``: it then loses to the foreground what a test of its own would.
+``--cpu-durations`` counts a command's CPU-seconds in its test, not in the tests it ran beside.
 """
 
 from __future__ import annotations
@@ -56,13 +56,14 @@ class Command:
 
     def job(self, out_dir: Path) -> dict:
         def fill(text: str) -> str:  # only these three: a command's own braces stay as they are
-            for key, value in (("python", sys.executable), ("repo", str(REPO)), ("dir", str(out_dir))):
+            for key, value in (("python", sys.executable), ("repo", str(REPO)),
+                               ("dir", str(out_dir))):
                 text = text.replace("{" + key + "}", value)
             return text
 
-        return {"argv": [fill(a) for a in self.argv], "env": dict(self.env), "cwd": fill(self.cwd), "timeout_s": self.timeout_s, "waits": self.waits,
-                "early": self.early, "foreground_priority": self.foreground_priority,
-                "dir": str(out_dir)}
+        return {"argv": [fill(a) for a in self.argv], "env": dict(self.env), "cwd": fill(self.cwd),
+                "timeout_s": self.timeout_s, "waits": self.waits, "early": self.early,
+                "foreground_priority": self.foreground_priority, "dir": str(out_dir)}
 
 
 @dataclass

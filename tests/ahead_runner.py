@@ -4,14 +4,14 @@
 
 Commands run at nice value ``NICE`` (the session's runner: 19, so a test running in the
 foreground loses next to nothing to them and an idle core is what they use; a test's own run:
-its own), except those asking for ``foreground_priority`` (a memory sampler that must not starve).
-Every ``waits`` command starts at once (they mostly wait on the network); the others run in two
-lanes, one command at a time in each: the ``early`` ones, and the rest in the plan's order. Each
-command runs in a session of its own in its directory's files (``stdout``, ``stderr``,
-``pgid``); when it ends, ``result.json`` gets its exit code, seconds, CPU-seconds (its whole
-waited-for tree, from ``wait4``) and the nice value it started at. A command past its timeout is killed with its process group
-(exit code -9). SIGTERM, or the end of the session's process, ends the runner and every command
-still running, by their process groups.
+its own), except those asking for ``foreground_priority`` (a memory sampler that must not
+starve). Every ``waits`` command starts at once (they mostly wait on the network); the others
+run in two lanes, one command at a time in each: the ``early`` ones, and the rest in the plan's
+order. Each command runs in a session of its own in its directory's files (``stdout``,
+``stderr``, ``pgid``); when it ends, ``result.json`` gets its exit code, seconds, CPU-seconds
+(its whole waited-for tree, from ``wait4``) and the nice value it started at. A command past its
+timeout is killed with its process group (exit code -9). SIGTERM, or the end of the session's
+process, ends the runner and every command still running, by their process groups.
 """
 
 from __future__ import annotations

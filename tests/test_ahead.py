@@ -74,7 +74,8 @@ def _session(tmp_path, *args, **env):
 
 
 def test_commands_run_ahead_and_their_tests_check_the_results(tmp_path):
-    out = _session(tmp_path, "--cpu-durations=0", "--cpu-durations-file", str(tmp_path / "cpu.jsonl"))
+    out = _session(tmp_path, "--cpu-durations=0", "--cpu-durations-file",
+                   str(tmp_path / "cpu.jsonl"))
     assert out.returncode == 0, out.stdout + out.stderr
     assert float((tmp_path / "lead").read_text()) > 0  # started while test_first slept
     rows = {json.loads(line)["test"].split("::")[1]: json.loads(line)

@@ -85,14 +85,16 @@ def test_each_test_gets_the_cpu_of_its_processes(tmp_path):
     assert len(rows) == 7
     low, high = 0.8 * BURN_S, BURN_S + 0.5  # a python start-up is ~0.02-0.1 CPU-s more
     assert rows["test_idle"]["cpu"] < 0.15 and rows["test_idle"]["idle"] > 0.7, rows["test_idle"]
-    assert rows["test_in_pytest"]["idle"] < 0.5 * rows["test_in_pytest"]["wall"], rows["test_in_pytest"]
+    busy = rows["test_in_pytest"]
+    assert busy["idle"] < 0.5 * busy["wall"], busy
     assert low < rows["test_in_pytest"]["self"] < high, rows["test_in_pytest"]
     for name in ("test_waited_child", "test_orphaned_grandchild", "test_server_second"):
         assert low < rows[name]["children"] < high, rows[name]
         assert rows[name]["self"] < 0.3, rows[name]
     # the fixture's start counts in the first test, its stop in the second: neither twice
     assert low < rows["test_server_first"]["children"] < high + 0.3, rows["test_server_first"]
-    assert 0.01 < rows["test_short_lived_children"]["children"] < 1.0, rows["test_short_lived_children"]
+    short = rows["test_short_lived_children"]
+    assert 0.01 < short["children"] < 1.0, short
     assert "cpu durations (tests/cpu_durations.py)" in out.stdout
     shown = [line.split()[-1] for line in out.stdout.splitlines() if "test_case.py::" in line]
     costliest = sorted(rows.values(), key=lambda r: -r["cpu"])[:3]
@@ -105,7 +107,8 @@ def test_off_unless_asked(tmp_path):
     (package / "test_case.py").write_text("import os, threading\n\ndef test_env():\n"
                                           "    assert 'GSPO_CPU_LEDGER' not in os.environ\n"
                                           "    assert threading.active_count() == 1\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("GSPO_CPU_DURATIONS", "GSPO_CPU_LEDGER")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GSPO_CPU_DURATIONS", "GSPO_CPU_LEDGER")}
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                           "test_case.py"], cwd=package, capture_output=True, text=True, timeout=120,
                          env=env)

@@ -42,9 +42,9 @@ def defer_import(name: str) -> bool:
         return False
     module = DeferredModule(name)
     module.__spec__, module.__loader__, module.__file__ = spec, spec.loader, spec.origin
-    module.__package__ = name if spec.submodule_search_locations is not None else name.rpartition(".")[0]
-    if spec.submodule_search_locations is not None:
-        module.__path__ = list(spec.submodule_search_locations)
+    module.__package__ = name.rpartition(".")[0]
+    if spec.submodule_search_locations is not None:  # a package
+        module.__package__, module.__path__ = name, list(spec.submodule_search_locations)
     sys.modules[name] = module
     return True
 
