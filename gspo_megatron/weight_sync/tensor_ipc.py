@@ -13,6 +13,10 @@ memory once, not once per tensor. Details that follow SGLang:
   server's own index, which differs from the learner's under other CUDA_VISIBLE_DEVICES);
 - the learner keeps the bucket alive until every server answered (the call is synchronous).
 
+Profile (``weight_sync/<key>_s``): ``pack`` (the bucket made one buffer), ``serialize`` (its
+handles pickled; on CPU the buffer is moved into shared memory here), ``reply`` (until every
+server answered: it opened the handle and loaded the weights).
+
 This module does not import sglang (the learner's environment does not need it). On CPU the same
 pickling shares the bucket through POSIX shared memory (torch's ``file_system`` strategy), which
 the reference server opens: the colocated protocol runs end to end in the CPU tests.
@@ -34,7 +38,7 @@ import torch.multiprocessing.reductions as reductions
 from gspo_megatron.rollout.sglang import api
 from gspo_megatron.rollout.sglang.client import SGLangServerClient
 from gspo_megatron.weight_sync.buckets import Bucket
-from gspo_megatron.weight_sync.sync import BucketTransport
+from gspo_megatron.weight_sync.sync import BucketTransport, timed
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +108,13 @@ class CudaIpcTransport(BucketTransport):
         self._clients = [SGLangServerClient(a, self.timeout_s, self.timeout_s) for a in members]
 
     def send_bucket(self, bucket: Bucket, weight_version: Optional[str] = None) -> None:
-        flat, views = bucket_views(bucket)
-        blobs = [self._serialize(views) for _ in range(self.tp_size)]
+        with timed(self.profile, "pack"):
+            flat, views = bucket_views(bucket)
+        with timed(self.profile, "serialize"):
+            blobs = [self._serialize(views) for _ in range(self.tp_size)]
         body = api.update_tensor_payload(blobs, weight_version=weight_version)
-        with ThreadPoolExecutor(max_workers=max(1, len(self._clients))) as pool:
+        with timed(self.profile, "reply"), \
+                ThreadPoolExecutor(max_workers=max(1, len(self._clients))) as pool:
             for fut in [pool.submit(c.update_weights_from_tensor, body) for c in self._clients]:
                 fut.result()
         del flat  # the servers copied the bucket: its memory may go
