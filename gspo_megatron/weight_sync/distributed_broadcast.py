@@ -163,7 +163,7 @@ class BroadcastTransport(BucketTransport):
                                               self.group_name, flush_cache=False,
                                               weight_version=weight_version)
         with timed(self.profile, "pack"):
-            flat = bucket.flatten().to(self.device)
+            flat = bucket.wire_bytes().to(self.device)  # no copy when already one run
         t0 = time.perf_counter()
         futures = [self._pool.submit(c.update_weights_from_distributed, body) for c in self.clients]
         work = broadcast_from_learner(flat, self.group, async_op=True)

@@ -131,6 +131,13 @@ class BucketTransport(WeightTransport):
     def connect(self, members: List[str]) -> None:
         """Called on senders when the servers to reach changed (and before the first update)."""
 
+    def gather_buffers(self):
+        """The buffers the learner's gather receives one update's buckets into
+        (``checkpoint.gather.ReusedBuffers``: one per role, reused bucket after bucket)."""
+        from gspo_megatron.checkpoint.gather import ReusedBuffers
+
+        return ReusedBuffers()
+
     def check_bucket(self, bucket: Bucket, members: Optional[List[str]]) -> None:
         """Raise ``PayloadMismatch`` before sending a weight the servers cannot take."""
         if not self.checks_server_model or not members:
