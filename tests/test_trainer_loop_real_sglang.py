@@ -8,6 +8,13 @@ after every update through a gloo broadcast group, and stops it at the end. With
 ``rollout/learner_vs_engine_abs_logp`` of every step says that the previous sync arrived
 (2 layers of fp32: ~1e-7 when it did, ~1e-1 when the server still had older weights), and
 ``rollout.weight_sync.verify`` probes the server after every sync (``trainer/sync_check.py``).
+The reward is ``brevity``: 20 SFT steps answer no sum, so ``tiny_addition`` gave every sample 0,
+every advantage 0 and every gradient 0, and each sync after the first sent the same weights
+again; the response lengths differ within a group, so the weights move at every step.
+
+A run killed at a named point (``GSPO_TEST_KILL_AT``, ``gspo_megatron/faults/kill_points.py``)
+resumes against the same live server: what it must recover, and what it repeats bit for bit, in
+:func:`test_a_run_killed_at_a_named_point_resumes_against_the_same_live_server`.
 """
 
 from __future__ import annotations
@@ -57,7 +64,8 @@ def _overrides(assets, run_dir: Path, *extra: str) -> list:
                  "rollout.sglang.health_timeout_s=240",
                  "rollout.weight_sync.transport=nccl",
                  "rollout.weight_sync.master_address=127.0.0.1",
-                 "rollout.weight_sync.verify=true", "rollout.weight_sync.verify_tolerance=1e-5", *extra]
+                 "rollout.weight_sync.verify=true", "rollout.weight_sync.verify_tolerance=1e-5",
+                 "reward.name=brevity", *extra]
 
 
 def _rows(run_dir: Path) -> list:
@@ -80,6 +88,7 @@ def test_eight_steps_against_the_real_server(assets, tmp_path, overlap):
     assert [r["step"] for r in rows] == list(range(NUM_STEPS + 1))
     for row in rows[1:]:
         assert 0.0 <= row["reward/mean"] <= 1.0
+        assert row["train/grad_norm"] > 0.0, row["step"]  # the weights move: every sync is new
         # every sample's engine log-probs equal the learner's recomputation: the weights of the
         # update that generated it arrived on the real server (fp32 on both sides)
         assert row["rollout/learner_vs_engine_abs_logp"] < 1e-5, row["step"]
@@ -114,13 +123,26 @@ NOT_REPEATABLE = ("time/", "memory/", "weight_sync/")
 memory, and the sync's metrics (its timings and the post-sync probe, a fresh unseeded sample)."""
 
 
-@pytest.fixture(scope="module")
-def live_server(assets, tmp_path_factory):
-    """One real server for the three kill points, started here as a user would start one: each
-    test leaves it unpaused, outside any session and holding no group, and checks that."""
-    server = RealServer(str(assets.model_dir), tmp_path_factory.mktemp("live") / "server.log").start()
+@pytest.fixture(scope="module", autouse=True)
+def _live_server_ahead(request, assets, tmp_path_factory):
+    """The kill tests' server, launched when the module starts if one of them was collected: its
+    ~30 CPU-seconds of start-up overlap the eight-step runs, which mostly wait on their own
+    server (as ``SpareServers`` does for the rollout tests)."""
+    wanted = any("live_server" in item.fixturenames for item in request.session.items
+                 if item.module is request.module)
+    server = (RealServer(str(assets.model_dir), tmp_path_factory.mktemp("live") / "server.log")
+              .launch() if wanted else None)
     yield server
-    server.stop()
+    if server is not None:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def live_server(_live_server_ahead):
+    """One real server for the three kill points, started by the test as a user would start
+    one: each test leaves it unpaused, outside any session and holding no group, and checks
+    that."""
+    return _live_server_ahead.wait_ready()
 
 
 def _comparable(row: dict) -> dict:
@@ -174,8 +196,7 @@ def test_a_run_killed_at_a_named_point_resumes_against_the_same_live_server(
     run_dir = tmp_path / "run"
     flags = [f"rollout.sglang.server_addresses=[{server.address}]", "trainer.num_steps=5",
              "checkpoint.save_every_steps=2", "rollout.overlap_one_step=true",
-             "rollout.weight_sync.bucket_bytes=131072",  # ~4 buckets: the sync kill is mid-update
-             "reward.name=brevity",  # 20 SFT steps answer no sum: a reward that moves (loss != 0)
+             "rollout.weight_sync.bucket_bytes=131072",  # 5 buckets: the sync kill is mid-update
              "logging.plot=false"]
     command = [sys.executable, "-m", "gspo_megatron.cli.train", str(REPO / "configs" / "tiny_cpu.yaml"),
                *_overrides(assets, run_dir, *flags)]
