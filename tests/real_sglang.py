@@ -13,6 +13,9 @@ when it needs it (``SpareServers`` does that for a module's tests). Each launch
 also leaves a ``/dev/shm/sglang_loads_*.shm`` file; the server's own, the ones its processes map
 or hold open, are removed with it (never another server's that started meanwhile: a suite or a
 tool running beside this one on the same machine keeps its files).
+
+:func:`left_state` reads what a trainer may leave on a server (paused, a weight-update session,
+broadcast groups) without changing it.
 """
 
 from __future__ import annotations
