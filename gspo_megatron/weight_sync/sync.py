@@ -21,6 +21,7 @@ import logging
 import time
 from typing import Dict, Iterable, List, Optional, Sequence
 
+from gspo_megatron.faults import kill_points
 from gspo_megatron.rollout.types import NamedTensors, RolloutEngine, WeightSyncStats, WeightTransport
 from gspo_megatron.weight_sync.buckets import Bucket, iter_buckets
 
@@ -152,6 +153,9 @@ def run_update(engine: Optional[RolloutEngine], transport: Optional[BucketTransp
                 transport.check_bucket(bucket, members)
                 _send(transport, bucket, weight_version, index)
                 stats.add_bucket(len(bucket.items), bucket.num_bytes)
+                if index == 1 and kill_points.armed("sync"):  # test hook: dies inside the session
+                    kill_points.kill("sync", f"weight update {weight_version}: bucket 1 sent to "
+                                             f"{members}, the session not ended")
         coord.barrier()
         if coord.is_main:
             transport.finish(weight_version)
