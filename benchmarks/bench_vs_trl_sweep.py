@@ -1,8 +1,9 @@
 """``bench_vs_trl.py --sweep``: gspo-train against TRL over several shapes, each side on the whole
 machine at its own best thread setting.
 
-    python benchmarks/bench_vs_trl.py --sweep --doc docs/performance.md --readme README.md
-    python benchmarks/bench_vs_trl.py --sweep --from-results runs/bench_vs_trl/sweep/results.json \\
+    python benchmarks/bench_vs_trl.py --sweep --doc docs/performance.md --readme README.md \\
+        --results benchmarks/results/vs_trl_sweep.json
+    python benchmarks/bench_vs_trl.py --sweep --from-results benchmarks/results/vs_trl_sweep.json \\
         --doc docs/performance.md --readme README.md      # re-render a finished sweep
     python benchmarks/bench_vs_trl.py --sweep --shapes base,wide --rounds 3
 
@@ -17,6 +18,13 @@ interleaved rounds of the winners are timed (the probe is not counted, so pickin
 one of two runs does not flatter a side). Last, one overlapped run with the trainer's own
 choice (``overlap_thread_split=auto``, its probe of the first steps) records the split it kept
 and whether it warned that the overlap does not pay.
+
+The gspo sides (``GSPO_SIDES``): on-policy with the engine's log-probs as pi_old
+(``algo.old_logprob_source=rollout``, no extra forward pass), on-policy with the learner's
+(``=learner``: one forward pass per step, as TRL, which recomputes them: the equal-work
+comparison) and the one-step overlap. Each run's steady state (the median of steps 2-N) and the
+mean of all its N steps are both kept: a short run pays for the first step and, in the trainer's
+own overlapped run, for its thread probe.
 
 Rows are sorted by gspo-train's better mode against TRL, best first; the range of each ratio
 over the shapes follows. ``--doc`` replaces the file's section between ``MARK_BEGIN`` and
@@ -50,8 +58,17 @@ AUTO_PROBE_STEPS = 2
 PROBE_TIMEOUT_FACTOR = 2  # a probe run this many times slower than the quickest (+20 s) stops
 HEADLINE_BEGIN = "<!-- bench_vs_trl --sweep headline: begin (written by the benchmark) -->"
 HEADLINE_END = "<!-- bench_vs_trl --sweep headline: end -->"
-DEFAULTS = {"steps": 6, "rounds": 3, "sides": "trl,gspo,gspo_overlap", "shapes": None}
-SIDE_NAMES = {"trl": "TRL", "gspo": "on-policy", "gspo_overlap": "overlap"}
+DEFAULTS = {"steps": 6, "rounds": 3, "sides": "trl,gspo,gspo_learner_lp,gspo_overlap",
+            "shapes": None}
+SIDE_NAMES = {"trl": "TRL", "gspo": "on-policy", "gspo_learner_lp": "on-policy, learner log-probs",
+              "gspo_overlap": "overlap"}
+LOGPROB_SOURCE = {  # where each gspo side's pi_old comes from (TRL recomputes it: a forward pass)
+    "gspo": "the engine's log-probs (`algo.old_logprob_source=rollout`, no extra forward pass)",
+    "gspo_learner_lp": "the learner's (`algo.old_logprob_source=learner`, one forward pass, as TRL)",
+    "gspo_overlap": "the engine's log-probs",
+}
+RECORD_KEYS = ("args", "sides", "rows", "wall_s", "started", "num_cpus")
+"""What a results record must hold to be rendered: the conditions are the measuring run's."""
 
 
 @dataclass(frozen=True)
@@ -139,15 +156,18 @@ def run_shape(shape: Shape, args, sides: List[str], work: Path, trl_python: Path
         label = min(probes[side], key=probes[side].get)
         best[side] = next(c for c in candidates(side, num_cpus) if c.label == label)
     timed: Dict[str, List[float]] = {s: [] for s in sides}
+    first_n: Dict[str, List[float]] = {s: [] for s in sides}  # mean of every step, the 1st too
     for r in range(args.rounds):
         for side in (sides if r % 2 == 0 else sides[::-1]):
             c = best[side]
             res = bench.run_side(side, a, assets, run_dir, trl_python, r, c.threads, c.overrides)
             _print({**res, "shape": shape.name, "setting": c.label})
             timed[side].append(res["step_s_median"])
+            first_n[side].append(statistics.mean(res["step_s_all"]))
     out = {"shape": asdict(shape), "probe": probes, "timed": timed,
            "setting": {s: best[s].label for s in sides},
-           "step_s": {s: statistics.median(v) for s, v in timed.items()}}
+           "step_s": {s: statistics.median(v) for s, v in timed.items()},
+           "first_n_s": {s: statistics.median(v) for s, v in first_n.items()}}
     if "gspo_overlap" in sides:
         out["auto"] = run_auto(shape, args, assets, run_dir, num_cpus)
     return out
@@ -164,6 +184,10 @@ def run_auto(shape: Shape, args, assets: Path, run_dir: Path, num_cpus: int) -> 
                  f"rollout.overlap_probe_steps={AUTO_PROBE_STEPS}")
     res = bench.run_side("gspo_overlap", a, assets, run_dir, Path(), "auto", num_cpus, overrides)
     res["overrides"] = list(overrides)
+    probing = steps - 2  # the warm-up step and the probe phases
+    res["probe_steps"] = probing
+    res["steady_s"] = statistics.median(res["step_s_all"][probing:])
+    res["first_n_mean_s"] = statistics.mean(res["step_s_all"])
     _print({**res, "shape": shape.name, "setting": "auto"})
     return res
 
@@ -217,6 +241,31 @@ def table(rows: List[dict], sides: List[str]) -> str:
     return "\n".join(lines)
 
 
+def first_steps_table(rows: List[dict], sides: List[str]) -> str:
+    """Steady state against the mean of every step of a run (the first, with its warm-up, and for
+    the trainer's own overlapped run its thread probe too): what a short run sees."""
+    gspo = [s for s in sides if s != "trl"]
+    head = (["shape"] + [f"{SIDE_NAMES.get(s, s)}: steady / first-N mean s" for s in sides]
+            + [f"{SIDE_NAMES.get(s, s)} vs TRL, first N" for s in gspo])
+    if {"gspo", "gspo_overlap"} <= set(sides):
+        head.append("trainer's own split: steady after its probe / first-N mean s (probe steps)")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        first = r.get("first_n_s", {})
+        cells = [r["shape"]["name"]]
+        cells += [f"{r['step_s'][s]:.3f} / " + (f"{first[s]:.3f}" if s in first else "-")
+                  for s in sides]
+        cells += [f"{first['trl'] / first[s]:.2f}x" if {"trl", s} <= set(first) else "-"
+                  for s in gspo]
+        if {"gspo", "gspo_overlap"} <= set(sides):
+            auto = r.get("auto", {})
+            cells.append(f"{auto['steady_s']:.3f} / {auto['first_n_mean_s']:.3f} "
+                         f"({auto['probe_steps']} of {len(auto['step_s_all'])})"
+                         if "steady_s" in auto else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def probe_table(rows: List[dict], sides: List[str]) -> str:
     """Each candidate's median s / RL step in the probe round (one run each)."""
     lines = ["| shape | " + " | ".join(f"{SIDE_NAMES.get(s, s)} candidates" for s in sides) + " |",
@@ -259,6 +308,10 @@ def section(record: dict) -> str:
         f"{max(1, cpus - 1)} + engine 1, `full` learner {cpus} + engine 1 (OpenMP threads). "
         f"Rows: best first by gspo-train's better mode.", "",
         table(rows, sides), "",
+        f"Steady state (the median above) against the mean of all {a['steps']} steps of a run, "
+        f"the first with its warm-up included; the trainer's own overlapped run probes its "
+        f"thread split in its first steps, which a short run pays for:", "",
+        first_steps_table(rows, sides), "",
         f"The probe round (one run per candidate, s / RL step; `stopped`: ran over "
         f"{PROBE_TIMEOUT_FACTOR}x the quickest probe of the shape + 20 s and was killed):", "",
         probe_table(rows, sides), "", MARK_END])
@@ -274,22 +327,27 @@ def headline(record: dict) -> str:
         return fmt.format(lo) if lo == hi else f"{fmt.format(lo)}-{fmt.format(hi)}"
 
     parts = [f"{SIDE_NAMES[s]}{' (`rollout.overlap_one_step=true`)' * (s == 'gspo_overlap')} "
-             f"**{span([ratios(r)[s] for r in rows], '{:.2f}')}x**" for s in sides if s != "trl"]
+             f"with {LOGPROB_SOURCE[s]} **{span([ratios(r)[s] for r in rows], '{:.2f}')}x**"
+             for s in sides if s != "trl"]
     text = (f"**Speed** against TRL's `GRPOTrainer` over {len(rows)} shapes of a tiny MoE "
             f"(hidden {span([x.hidden_size for x in shapes])}, "
             f"{span([x.num_experts for x in shapes])} experts, "
             f"top-k {span([x.top_k for x in shapes])}, "
-            f"{span([x.prompts for x in shapes])} prompts x 8 samples, "
+            f"{span([x.prompts for x in shapes])} prompts x {span([x.samples for x in shapes])} "
+            f"samples, "
             f"<= {span([x.max_new_tokens for x in shapes])} new tokens), each side on the whole "
             f"machine at its own best thread setting, gspo-train's expert-volatility diagnostic "
-            f"off ({_conditions(record)}): " + ", ".join(parts) + " TRL's RL steps per second.")
+            f"off ({_conditions(record)}): " + "; ".join(parts) + " TRL's RL steps per second "
+            f"(TRL recomputes its old log-probs with a forward pass).")
     if {"gspo", "gspo_overlap"} <= set(sides):
         slower = [r["shape"]["name"] for r in rows
                   if r["step_s"]["gspo_overlap"] > r["step_s"]["gspo"]]
         text += (f" The overlap is slower than on-policy at {len(slower)} of {len(rows)} shapes"
                  f"{' (' + ', '.join(slower) + ')' if slower else ''}; the trainer probes its "
                  f"thread split and warns when overlapping does not pay.")
-    text += (" [docs/performance.md](docs/performance.md), "
+    source = f" from [{record['results_path']}]({record['results_path']})" \
+        if record.get("results_path") else ""
+    text += (f" [docs/performance.md](docs/performance.md){source}, "
              "`python benchmarks/bench_vs_trl.py --sweep`.")
     return "\n".join([HEADLINE_BEGIN, text, HEADLINE_END])
 
@@ -317,12 +375,7 @@ def render(record: dict, doc: Optional[str], readme: Optional[str]) -> str:
 
 def run_sweep(args) -> int:
     if args.from_results:  # re-render a finished sweep (its own numbers, command and date)
-        path = Path(args.from_results)
-        record = json.loads(path.read_text())
-        record.setdefault("sides", [s for s in record["args"]["sides"].split(",") if s])
-        record.setdefault("num_cpus", os.cpu_count() or 1)
-        record.setdefault("started", (datetime.datetime.utcfromtimestamp(
-            path.stat().st_mtime - record["wall_s"])).strftime("%Y-%m-%d %H:%M"))
+        record = load_record(Path(args.from_results))
         render(record, args.doc, args.readme)
         return 0
     sides = [s for s in args.sides.split(",") if s]
@@ -346,6 +399,23 @@ def run_sweep(args) -> int:
     record = {"args": vars(args), "argv": sys.argv[1:], "sides": sides, "rows": rows,
               "wall_s": time.perf_counter() - t0, "started": started,
               "num_cpus": os.cpu_count() or 1}
-    (work / "results.json").write_text(json.dumps(record, indent=1))
+    if args.results:
+        record["results_path"] = args.results
+        Path(args.results).write_text(json.dumps(record, indent=1) + "\n")
+    (work / "results.json").write_text(json.dumps(record, indent=1) + "\n")
     render(record, args.doc, args.readme)
     return 0
+
+
+def load_record(path: Path) -> dict:
+    """A finished sweep's record, refused when it lacks the measuring run's conditions (the
+    machine that renders it is not the one that measured it)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--from-results {path}: cannot read a sweep record ({exc})") from None
+    missing = [k for k in RECORD_KEYS if k not in record]
+    if missing:
+        raise SystemExit(f"--from-results {path}: the record has no {missing}; rerun the sweep "
+                         f"(its conditions must come from the run that measured it)")
+    return record

@@ -48,11 +48,14 @@ def test_the_auto_run_is_long_enough_to_probe_every_phase(monkeypatch):
 
     def fake_run_side(side, args, assets, run_dir, trl, index, threads, overrides):
         seen.update(steps=args.steps, overrides=overrides, threads=threads)
-        return {"step_s_median": 0.1}
+        return {"step_s_median": 0.1, "step_s_all": [2.0] * (args.steps - 2) + [0.5, 0.3]}
 
     monkeypatch.setattr(sweep.bench, "run_side", fake_run_side)
     args = SimpleNamespace(steps=6, with_diagnostics=False)
-    sweep.run_auto(sweep.SHAPES["base"], args, Path("/a"), Path("/r"), num_cpus=2)
+    res = sweep.run_auto(sweep.SHAPES["base"], args, Path("/a"), Path("/r"), num_cpus=2)
+    # steady state: the steps after the warm-up and the probe; the first-N mean has them all
+    assert res["probe_steps"] == seen["steps"] - 2 and res["steady_s"] == 0.4
+    assert res["first_n_mean_s"] == pytest.approx((2.0 * (seen["steps"] - 2) + 0.8) / seen["steps"])
     cfg = _config(list(seen["overrides"]), steps=seen["steps"])
     assert cfg.rollout.overlap_thread_split == "auto" and seen["threads"] == 2
     num_phases = len(probe_phases("auto", 2, 1))
@@ -147,7 +150,10 @@ def test_readme_headline_quotes_the_range_and_its_conditions(tmp_path):
     assert text.startswith(sweep.HEADLINE_BEGIN) and text.endswith(sweep.HEADLINE_END)
     assert "over 2 shapes" in text and "hidden 128-256" in text
     assert "8-16 experts, top-k 2-4" in text
-    assert "on-policy **1.43-1.50x**" in text and "**0.95-2.40x**" in text
+    assert "on-policy with the engine's log-probs (`algo.old_logprob_source=rollout`" in text
+    assert "on-policy with the engine's log-probs (`algo.old_logprob_source=rollout`, no extra " \
+        "forward pass) **1.43-1.50x**" in text and "**0.95-2.40x**" in text
+    assert "8-16 prompts x 8 samples" in text and "TRL recomputes its old log-probs" in text
     assert "own best thread setting" in text and "diagnostic off" in text
     assert "2 CPUs, load average 3.0 at the start and 6.5 at the end" in text
     assert "slower than on-policy at 1 of 2 shapes (wide)" in text
@@ -158,5 +164,56 @@ def test_readme_headline_quotes_the_range_and_its_conditions(tmp_path):
     sweep.render(_record(rows), str(doc), str(readme))
     assert readme.read_text() == f"a\n{text}\nb\n"
     written = doc.read_text()
-    assert "python benchmarks/bench_vs_trl.py --sweep --doc docs/performance.md" in written
+    # a record without argv: the flags that differ from the defaults (three of the four sides)
+    assert ("python benchmarks/bench_vs_trl.py --sweep --sides trl,gspo,gspo_overlap "
+            "--doc docs/performance.md") in written
     assert "whole sweep 10.0 min" in written and "| base |" in written
+
+
+def test_the_learner_log_prob_side_is_the_equal_work_column():
+    """Issue 41 item 6: the sweep's default sides put both pi_old sources next to TRL, and the
+    learner side differs from the engine side only in that source."""
+    assert sweep.DEFAULTS["sides"].split(",") == ["trl", "gspo", "gspo_learner_lp", "gspo_overlap"]
+    engine = _config([])  # through the overlap side's flags; compare the sources alone
+    args = SimpleNamespace(steps=6, prompts=16, samples=8, max_new_tokens=48, with_diagnostics=False)
+    cmd = vs_trl_setup.gspo_command(args, Path("/a"), Path("/r"),
+                                    vs_trl_setup.GSPO_SIDES["gspo_learner_lp"])
+    learner = load_config(cmd[3], cmd[4:])
+    assert engine.algo.old_logprob_source == "rollout" and learner.algo.old_logprob_source == "learner"
+    assert not learner.rollout.overlap_one_step
+    rows = [_row("base", 0.6, 0.4, 0.25)]
+    rows[0]["step_s"]["gspo_learner_lp"] = 0.5
+    rows[0]["setting"]["gspo_learner_lp"] = "2 threads"
+    rows[0]["first_n_s"] = {"trl": 0.9, "gspo": 0.6, "gspo_learner_lp": 0.75, "gspo_overlap": 0.45}
+    rows[0]["auto"] = {"steady_s": 0.3, "first_n_mean_s": 0.7, "probe_steps": 5,
+                       "step_s_all": [0.7] * 7}
+    sides = sweep.DEFAULTS["sides"].split(",")
+    text = sweep.table(rows, sides)
+    assert "on-policy, learner log-probs vs TRL" in text and "**1.20x**" in text  # 0.6 / 0.5
+    first = sweep.first_steps_table(rows, sides).splitlines()[2]
+    assert "| 0.500 / 0.750 |" in first and "| 1.20x |" in first  # TRL 0.9 / ours 0.75
+    assert first.endswith("| 0.300 / 0.700 (5 of 7) |")
+
+
+def test_a_record_without_the_measuring_runs_conditions_is_refused(tmp_path):
+    record = _record([_row("base", 0.6, 0.4, 0.25)])
+    record["rows"][0]["load"] = [1.0, 1.0]
+    good = tmp_path / "results.json"
+    good.write_text(json.dumps(record))
+    assert sweep.load_record(good)["num_cpus"] == 2
+    del record["num_cpus"], record["started"]
+    bad = tmp_path / "old.json"
+    bad.write_text(json.dumps(record))
+    with pytest.raises(SystemExit, match=r"old.json: the record has no \['started', 'num_cpus'\]"):
+        sweep.load_record(bad)
+    (tmp_path / "torn.json").write_text("{")
+    with pytest.raises(SystemExit, match="torn.json: cannot read"):
+        sweep.load_record(tmp_path / "torn.json")
+
+
+def test_the_headline_cites_the_committed_record():
+    record = _record([_row("base", 0.6, 0.4, 0.25)])
+    record["rows"][0]["load"] = [1.0, 1.0]
+    record["results_path"] = "benchmarks/results/vs_trl_sweep.json"
+    assert "from [benchmarks/results/vs_trl_sweep.json](benchmarks/results/vs_trl_sweep.json)" \
+        in sweep.headline(record)

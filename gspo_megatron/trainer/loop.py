@@ -38,6 +38,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from gspo_megatron.config.schema import rollout_staleness
+from gspo_megatron.faults import kill_points
 from gspo_megatron.learner.batch import SequenceBatch
 from gspo_megatron.learner.optimizer import constant_learning_rate, reset_adam_state
 from gspo_megatron.trainer.async_rollouts import AsyncRollouts
@@ -253,6 +254,7 @@ class GSPOTrainer:
         bar = tqdm(total=cfg.trainer.num_steps, initial=self.step, desc="GSPO steps",
                    disable=not p.runtime.is_main, dynamic_ncols=True)
         while self.step < cfg.trainer.num_steps:
+            kill_points.enter_step(self.step + 1)  # a test hook's clock (faults/kill_points.py)
             metrics = self.rl_step()
             self.step += 1
             bar.update(1)

@@ -29,6 +29,7 @@ import time
 from contextlib import contextmanager
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, TypeVar
 
+from gspo_megatron.faults import kill_points
 from gspo_megatron.rollout.types import NamedTensors, RolloutEngine, WeightSyncStats, WeightTransport
 from gspo_megatron.weight_sync.buckets import Bucket, iter_buckets
 
@@ -202,6 +203,9 @@ def run_update(engine: Optional[RolloutEngine], transport: Optional[BucketTransp
                 with timed(clock, "send"):
                     _send(transport, bucket, weight_version, index)
                 stats.add_bucket(len(bucket.items), bucket.num_bytes)
+                if index == 1 and kill_points.armed("sync"):  # test hook: dies inside the session
+                    kill_points.kill("sync", f"weight update {weight_version}: bucket 1 sent to "
+                                             f"{members}, the session not ended")
         coord.barrier()
         if coord.is_main:
             with timed(clock, "finish"):
