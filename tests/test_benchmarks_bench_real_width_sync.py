@@ -24,7 +24,7 @@ def _sync(total, tensors=10, gb=0.001, before=0.5, after=0.001, **phases):
 
 
 def _result(syncs_by_transport, memcpy=0.1, gloo=0.5, tolerance=0.05):
-    floors = {"memcpy_s": memcpy, "gloo_s": gloo, "received": True}
+    floors = {"memcpy_s": memcpy, "gloo_s": gloo, "gloo_fresh_s": 2 * gloo, "received": True}
     return {"plan": {"tolerance": tolerance, "num_syncs": 3, "num_bytes": 10**6,
                      "bucket_bytes": 2**20},
             "ranks": {"threads": 1, "transports": {
@@ -40,17 +40,19 @@ def test_ratio_per_tensor_time_and_profile_are_medians_over_the_syncs():
         "tensor": [_sync(0.3), _sync(0.4), _sync(0.2)]})
     out = bench.summarize(result)
     nccl, tensor = out["nccl"], out["tensor"]
-    assert nccl["floor"] == "gloo" and tensor["floor"] == "memcpy"
-    assert nccl["total_s"] == 1.0 and nccl["ratio"] == pytest.approx(2.0)
-    assert tensor["ratio"] == pytest.approx(3.0) and tensor["ratio_gloo"] == pytest.approx(0.6)
+    assert nccl["total_s"] == 1.0 and nccl["ratio"] == pytest.approx(2.0)  # over gloo's 0.5 s
+    assert tensor["ratio"] == pytest.approx(0.6) and tensor["ratio_memcpy"] == pytest.approx(3.0)
     assert nccl["per_tensor_us"] == pytest.approx((1.0 - 0.5) / 10 * 1e6)
     assert nccl["phases"] == pytest.approx({"pack": 0.2, "pause": 0.02})
     assert (nccl["num_bytes"], nccl["num_buckets"], nccl["num_tensors"]) == (10**6, 2, 10)
     assert nccl["probe_ok"] and tensor["probe_ok"]
     text = bench.section(result, out, ["--work", "w"], {"date": "today"})
-    assert "| nccl | 2 | 10 | 1.00 (1.40, 0.90, 1.00) | 0.100 | 0.500 | **2.00x** (gloo)" in text
+    assert "| nccl | 2 | 10 | 1.00 (1.40, 0.90, 1.00) | 0.100 | 0.500 | 1.000 | **2.00x** | " \
+           "10.00x | 50.00 ms |" in text
     assert "| nccl | pack 0.20, protocol 0.02 |" in text
-    assert "met by nccl; not by tensor." in text
+    assert "met by nccl, tensor." in text
+    slow = bench.summarize(_result({"disk": [_sync(1.5)]}))
+    assert "met by none; not by disk." in bench.section(result, slow, [], {})
 
 
 def test_a_probe_that_cannot_tell_stale_weights_or_misses_new_ones_fails():
@@ -94,7 +96,8 @@ def test_every_transport_syncs_a_tp2_ep2_learner_into_a_server(tmp_path,
         assert s["num_bytes"] == num_bytes and s["num_tensors"] == len(checkpoint_shapes(model))
         assert s["num_buckets"] >= 3, s  # the 19 MB embedding and lm_head exceed a bucket
         assert s["probe_ok"], s["probes"]  # stale weights seen before, new ones after
-        assert s["floor_received"] and s["memcpy_s"] > 0 and s["gloo_s"] > 0
+        assert s["floor_received"] and s["memcpy_s"] > 0 and s["floor_s"] > 0
+        assert s["gloo_fresh_s"] > 0
         assert {"gather", "send", "reply", "pause", "flush"} <= set(s["phases"]), s["phases"]
     assert {"pack", "broadcast"} <= set(out["nccl"]["phases"])
     assert {"pack", "serialize"} <= set(out["tensor"]["phases"])

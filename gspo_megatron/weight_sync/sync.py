@@ -8,17 +8,17 @@
     engine.finish_weight_update(version)       # main rank: end, flush, continue
 
 Transports (:class:`BucketTransport` subclasses, one module each) only move buckets: in-process
-copies, CUDA IPC handles, a broadcast group, safetensors files.
+copies, CUDA IPC handles, a broadcast group, safetensors files. :class:`Coordinator` says which
+rank does what; :class:`LocalCoordinator` is one process (tests, benchmarks,
+``engine.update_weights``), ``learner_sync.DistCoordinator`` a learner world. A failure after
+``begin`` cancels the update on the servers (session closed, generation continued) and re-raises.
 
 Profile (the main rank's ``stats.phases``, a few clock reads per bucket): ``weight_sync/gather_s``
 (waiting for the next bucket: the learner's gather, unsharding and HF conversion),
 ``check_s`` (names and shapes against the servers' checkpoint), ``send_s`` (the transport's
-``send_bucket``), ``finish_s`` (its ``finish``), and the transport's own split of those
-(``BucketTransport.profile``: e.g. ``pack_s``, ``reply_s``). With pipeline stages sending their
-own buckets, the main rank's numbers cover its own stage. :class:`Coordinator` says which
-rank does what; :class:`LocalCoordinator` is one process (tests, benchmarks,
-``engine.update_weights``), ``learner_sync.DistCoordinator`` a learner world. A failure after
-``begin`` cancels the update on the servers (session closed, generation continued) and re-raises.
+``send_bucket``), ``finish_s`` (its ``finish``), ``connect_s`` (forming a group), and the
+transport's own split of those (``BucketTransport.profile``: e.g. ``pack_s``, ``reply_s``). With
+pipeline stages sending their own buckets, the main rank's numbers cover its own stage.
 """
 
 from __future__ import annotations
