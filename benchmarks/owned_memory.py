@@ -160,13 +160,22 @@ class MeasuredRun:
 
 def run_measured(cmd: Sequence[str], env: Optional[Mapping[str, str]] = None,
                  cwd: Optional[str] = None, timeout_s: Optional[float] = None,
-                 interval_s: float = 0.1, capture: bool = True) -> MeasuredRun:
+                 interval_s: float = 0.1, capture: bool = True,
+                 log_path: Optional[str] = None) -> MeasuredRun:
     """Run ``cmd`` to its end, sampling its process tree; a timeout kills the process (its
-    own children, e.g. torchrun's ranks, end with it) and raises ``subprocess.TimeoutExpired``."""
+    own children, e.g. torchrun's ranks, end with it) and raises ``subprocess.TimeoutExpired``.
+    ``log_path``: stdout and stderr go to that file instead of a pipe (``output`` is then its
+    text) — for commands that leave a daemon holding their output open (torch's
+    ``torch_shm_manager`` lives as long as another process maps its shared memory), where
+    waiting for the pipe to close would wait for that daemon."""
     start = time.monotonic()
+    log_file = open(log_path, "w") if log_path else None
+    out = log_file or (subprocess.PIPE if capture else None)
     proc = subprocess.Popen(list(cmd), env=dict(env) if env is not None else None, cwd=cwd,
-                            stdout=subprocess.PIPE if capture else None,
-                            stderr=subprocess.STDOUT if capture else None, text=True)
+                            stdout=out, stderr=subprocess.STDOUT if (capture or log_file) else None,
+                            text=True)
+    if log_file is not None:
+        log_file.close()  # the child holds its own descriptor
     sampler = OwnedMemorySampler(proc.pid, interval_s).start()
     try:
         output, _ = proc.communicate(timeout=timeout_s)
@@ -176,5 +185,8 @@ def run_measured(cmd: Sequence[str], env: Optional[Mapping[str, str]] = None,
         raise
     finally:
         sampler.stop()
+    if log_path:
+        with open(log_path, errors="replace") as f:
+            output = f.read()
     return MeasuredRun(proc.returncode, time.monotonic() - start, sampler.peak_bytes,
                        sampler.peak_by_name, sampler.num_samples, output or "")

@@ -51,3 +51,24 @@ def test_process_tree_and_owned_bytes_of_this_process():
 def test_timeout_stops_the_command():
     with pytest.raises(subprocess.TimeoutExpired):
         run_measured([sys.executable, "-c", "import time; time.sleep(30)"], timeout_s=1)
+
+
+def test_a_daemon_left_holding_the_output_does_not_hold_the_run(tmp_path):
+    """torch's torch_shm_manager outlives the ranks that start it while another process maps
+    its shared memory, holding their stdout: a run that logs to a file ends with its command."""
+    import os
+    import signal
+    import time
+
+    script = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', "
+              "'import time; time.sleep(30)']); print('daemon', p.pid, flush=True)")
+    t0 = time.monotonic()
+    run = run_measured([sys.executable, "-c", script], log_path=str(tmp_path / "out.log"),
+                       timeout_s=20)
+    took = time.monotonic() - t0
+    pid = int(run.output.split()[1])
+    try:
+        assert run.returncode == 0 and run.output.startswith("daemon ")
+        assert took < 15, took  # a pipe would have waited for the daemon's 30 s
+    finally:
+        os.kill(pid, signal.SIGKILL)

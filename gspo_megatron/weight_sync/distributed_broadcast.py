@@ -5,7 +5,9 @@ What SGLang's ``/init_weights_update_group`` + ``/update_weights_from_distribute
 each member server's TP ranks (ranks ``1..``, by ``rank_offset``) join one process group (NCCL on
 GPU, gloo on CPU). Per bucket, the sender posts the bucket's names / dtypes / shapes to every
 member (``load_format="flattened_bucket"``, ``flush_cache=False``) and, while those requests wait,
-broadcasts the bucket as one flat uint8 tensor; the servers load it by HF name.
+broadcasts the bucket as one flat uint8 tensor; the servers load it by HF name. Profile
+(``weight_sync/<key>_s``): ``pack`` (the bucket made one flat tensor), ``broadcast`` (until the
+bytes left this process), ``reply`` (then until every server answered: its load).
 
 With pipeline parallelism every stage's first rank owns one such group (``<group>_pp<stage>``,
 rendezvous on its own host, at its address on the route to the servers:
@@ -52,7 +54,7 @@ from gspo_megatron.rollout.sglang.client import ServerUnavailable, SGLangServerC
 from gspo_megatron.rollout.sglang.update_group import (broadcast_from_learner, create_update_group,
                                                 destroy_update_group)
 from gspo_megatron.weight_sync.buckets import Bucket
-from gspo_megatron.weight_sync.sync import BucketTransport
+from gspo_megatron.weight_sync.sync import BucketTransport, timed
 
 log = logging.getLogger(__name__)
 
@@ -235,11 +237,16 @@ class BroadcastTransport(BucketTransport):
         body = api.update_distributed_payload(bucket.names, bucket.dtype_names, bucket.shapes,
                                               self.group_name, flush_cache=False,
                                               weight_version=weight_version)
-        flat = bucket.flatten().to(self.device)
+        with timed(self.profile, "pack"):
+            flat = bucket.wire_bytes().to(self.device)  # no copy when already one run
+        t0 = time.perf_counter()
         futures = [self._pool.submit(c.update_weights_from_distributed, body) for c in self.clients]
         work = broadcast_from_learner(flat, self.group, async_op=True)
         deadline = time.monotonic() + self.timeout_s
+        sent_at = None  # profile: the broadcast left here; the rest is the servers' load
         while not (work.is_completed() and all(f.done() for f in futures)):
+            if sent_at is None and work.is_completed():
+                sent_at = time.perf_counter()
             failed = next((f for f in futures if f.done() and f.exception() is not None), None)
             if failed is not None or time.monotonic() > deadline:
                 self._abandon_group()
@@ -256,6 +263,10 @@ class BroadcastTransport(BucketTransport):
             time.sleep(0.001)
         for f in futures:
             f.result()
+        done = time.perf_counter()
+        sent_at = done if sent_at is None else sent_at
+        self.profile["broadcast"] = self.profile.get("broadcast", 0.0) + sent_at - t0
+        self.profile["reply"] = self.profile.get("reply", 0.0) + done - sent_at
 
     def _drain(self, futures) -> List[str]:
         """After one member refused a bucket the others may be receiving it: give them
