@@ -136,6 +136,12 @@ class OptimizerConfig:
     """Share of the optimizer state offloaded when ``cpu_offload`` (``optimizer_offload_fraction``)."""
     max_consecutive_nonfinite: int = 3
     """Updates skipped for a non-finite loss or grad norm in a row before the run stops."""
+    freeze: List[str] = field(default_factory=list)
+    """Parameter groups kept at their loaded values (``config/freeze.py``: ``embedding``,
+    ``output_layer``, ``attention``, ``norms``, ``router``, ``experts``, ``mlp``). They get no
+    fp32 gradient buffer, main weights or Adam moments (16 of the 18 bytes per parameter of bf16
+    training with fp32 Adam, ``docs/learner.md``) and stay in checkpoints and weight syncs. An
+    unknown name, half of a tied embedding, or every parameter of a pipeline stage is refused."""
 
 
 @dataclass

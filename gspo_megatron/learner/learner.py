@@ -48,6 +48,8 @@ from gspo_megatron.config.sequence_padding import pad_multiple_for
 from gspo_megatron.learner import checkpointing
 from gspo_megatron.learner.checkpoint_files import checkpoint_root
 from gspo_megatron.learner.batch import MicroBatch, SequenceBatch, StepPlan, plan_step
+from gspo_megatron.learner.freeze import (FrozenParameters, check_same_frozen_groups,
+                                          freeze_parameter_groups)
 from gspo_megatron.learner.forward import forward_chunk, response_logprobs, split_by_sequence
 from gspo_megatron.learner.optimizer import (build_optimizer, build_scheduler, current_lr,
                                              guarded_step, wrap_ddp)
@@ -93,6 +95,13 @@ class Learner:
                                   config=self.tf_config) for i in range(vpp or 1)]
         for chunk in chunks:
             chunk.to(self.device)
+        # Before DDP and the optimizer: frozen parameters get no grad buffer and no Adam state.
+        self.frozen = freeze_parameter_groups(chunks, self.model_cfg, cfg.parallel,
+                                              cfg.optimizer.freeze)
+        if self.frozen.groups and runtime.is_main:
+            log.info("optimizer.freeze: %s frozen (%d parameters on rank 0), %d train",
+                     ", ".join(self.frozen.groups), self.frozen.frozen_numel,
+                     self.frozen.trainable_numel)
         self.model = wrap_ddp(chunks, self.tf_config, cfg.optimizer.use_distributed_optimizer)
         self.optimizer = build_optimizer(cfg.optimizer, self.model,
                                          resolve_params_dtype(self.model_cfg))
@@ -360,7 +369,8 @@ class Learner:
         return checkpoint_root(self.cfg.checkpoint, self.cfg.logging.run_dir) / "last_good"
 
     def _meta(self) -> dict:
-        return {"step": self.step, "model": self.model_cfg, "parallel": self.cfg.parallel}
+        return {"step": self.step, "model": self.model_cfg, "parallel": self.cfg.parallel,
+                "frozen": list(self.frozen.groups)}
 
     def save_checkpoint(self, directory, extra: Optional[dict] = None,
                         meta: Optional[dict] = None) -> None:
@@ -373,6 +383,7 @@ class Learner:
         if not load_optimizer:
             self.load_weights(directory)
             return {}
+        check_same_frozen_groups(checkpointing.read_meta(directory), self.frozen.groups, directory)
         state = checkpointing.load_training_checkpoint(
             self.model, self.optimizer, self.scheduler, directory, self.cfg.parallel)
         self.step = state["step"]
@@ -437,6 +448,7 @@ class LogprobLearner(Learner):
                       for i in range(vpp or 1)]
         for chunk in self.model:
             chunk.requires_grad_(False)
+        self.frozen = FrozenParameters(groups=())  # nothing trains: no optimizer to keep out of
         self.optimizer = self.scheduler = None
         self.dp_rank = ps.get_data_parallel_rank()
         self.dp_size = ps.get_data_parallel_world_size()
