@@ -145,7 +145,9 @@ class GSPOTrainer:
             self.p.engine.resume_memory()
             self._released = False
         if synced and self.p.sync_check is not None:  # rollout.weight_sync.verify
+            start = time.perf_counter()
             metrics.update(self.p.sync_check(str(self.p.learner.step)))
+            metrics["time/sync_verify_s"] = time.perf_counter() - start
         return metrics
 
     def evaluate(self) -> Dict[str, float]:
