@@ -43,7 +43,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -225,17 +225,19 @@ def _rows(path: Path) -> List[dict]:
 
 
 def train_phase(work: Path, assets: Path, steps: int, sglang_python: str,
-                timeout_s: float) -> dict:
-    """``gspo-train`` for ``steps`` steps under the split sampler; rows, peaks, wall time."""
+                timeout_s: float, extra: Sequence[str] = ()) -> dict:
+    """``gspo-train`` for ``steps`` steps under the split sampler; rows, peaks, wall time
+    (also written to ``work/train.json``). ``extra``: more config overrides."""
     from gspo_megatron.distributed.runtime import free_port
 
     run_dir = work / "run"
+    work.mkdir(parents=True, exist_ok=True)
     if run_dir.exists():
         subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     metrics = run_dir / "metrics.jsonl"
     cmd = [sys.executable, "-m", "gspo_megatron.cli.train", str(CONFIG),
            *run_overrides(assets, run_dir, sglang_python, f"trainer.num_steps={steps}",
-                          f"rollout.sglang.port={free_port()}")]
+                          f"rollout.sglang.port={free_port()}", *extra)]
     env = dict(os.environ, PYTHONPATH=str(REPO))
 
     def phase() -> str:
@@ -261,8 +263,10 @@ def train_phase(work: Path, assets: Path, steps: int, sglang_python: str,
     wall = time.monotonic() - start
     if code != 0:
         raise RuntimeError(f"gspo-train exited {code}:\n" + log_path.read_text()[-4000:])
-    return {"command": cmd, "rows": _rows(metrics), "peaks": sampler.peaks, "wall_s": wall,
-            "num_samples": sampler.num_samples}
+    out = {"command": cmd, "rows": _rows(metrics), "peaks": sampler.peaks, "wall_s": wall,
+           "num_samples": sampler.num_samples}
+    (work / "train.json").write_text(json.dumps(out, indent=1))
+    return out
 
 
 def step_split(rows: List[dict]) -> Dict[str, Dict[str, float]]:

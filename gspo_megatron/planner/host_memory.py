@@ -23,9 +23,12 @@ RssShmem: heap, tensors, shared memory; not the libraries' file pages), the quan
   (``rollout.sglang.max_total_tokens`` tokens, else ``mem_fraction_static`` of host memory less
   the weights, as SGLang sizes it) + one received weight-update bucket.
 
-The two process constants were measured with models whose tensors are negligible (not with the
-30B run they are then compared against): ``docs/real_geometry.md``, "GSPO training at the real
-widths", says how, and gives the prediction against the measured peaks.
+The two process constants were measured on a model whose tensors are small, not on the 30B run
+they are then compared with: ``tests/test_real_geometry_train.py``'s run (2 GSPO steps of this
+config on the structural geometry, 256-wide, real vocabulary and tokenizer; 2026-12-06) peaked at
+0.955 GiB for the learner process, of which the planner's tensors are 0.41 GiB, and at 3.46 GiB
+for the server, of which weights and one update bucket are 0.30 GiB. ``docs/real_geometry.md``,
+"GSPO training at the real widths", compares the prediction with the 30B run's peaks.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ GiB = 2 ** 30
 LEARNER_PROCESS_BYTES = int(0.55 * GiB)
 """Owned memory of a gspo-train learner process before its model: interpreter, torch,
 Megatron-Core, transformers' tokenizer, the dataset, threads (measured: see module doc)."""
-SERVER_PROCESS_BYTES = int(3.10 * GiB)
+SERVER_PROCESS_BYTES = int(3.16 * GiB)
 """Owned memory of one SGLang 0.5.23 CPU server's three processes besides weights and KV pool
 (measured: see module doc)."""
 
