@@ -45,6 +45,7 @@ from gspo_megatron.algorithms.metrics import accumulate_metrics, all_reduce_metr
 from gspo_megatron.algorithms.types import LossOutput, PolicyLossInputs
 from gspo_megatron.config.schema import GSPOConfig
 from gspo_megatron.config.sequence_padding import pad_multiple_for
+from gspo_megatron.distributed.host_heap import trim_host_heap
 from gspo_megatron.learner import checkpointing
 from gspo_megatron.learner.checkpoint_files import checkpoint_root
 from gspo_megatron.learner.batch import MicroBatch, SequenceBatch, StepPlan, plan_step
@@ -122,6 +123,12 @@ class Learner:
         self.step = 0
         self.consecutive_nonfinite = 0
         self.num_nonfinite_skipped = 0
+        self._trim_heap()  # the weights DDP copied into its buffers were freed just now
+
+    def _trim_heap(self) -> None:
+        """On CPU, hand freed heap pages back to the OS (``distributed/host_heap.py``)."""
+        if self.device.type == "cpu":
+            trim_host_heap()
 
     # ---- set-up ---------------------------------------------------------------------------
 
@@ -329,6 +336,7 @@ class Learner:
         metrics = self._reduce_step_metrics(fb)
         loss_finite = math.isfinite(metrics["loss"])
         result = guarded_step(self.optimizer, self.cfg.optimizer.clip_grad, loss_finite)
+        self._trim_heap()  # the step's activations and temporaries are gone
         if result.updated:
             self.scheduler.step(increment=1)
             self.step += 1
