@@ -161,6 +161,7 @@ def breakdown_main(work: Path, assets: Path, freeze: List[str], stop_before_step
     from gspo_megatron.config import load_config
     from gspo_megatron.distributed.runtime import init_distributed
     from gspo_megatron.trainer.batching import take_sequences
+    from gspo_megatron.weight_sync.buckets import Bucket
 
     cfg = load_config(CONFIG, run_overrides(assets, work / "unused", "python",
                                             f"optimizer.freeze=[{','.join(freeze)}]"))
@@ -201,10 +202,11 @@ def breakdown_main(work: Path, assets: Path, freeze: List[str], stop_before_step
         for i, mini in enumerate(minis[:2]):
             learner.train_step(mini, loss)
             marks.mark(f"GSPO train step {i + 1}" + (" (creates Adam's moments)" if i == 0 else ""))
-        for bucket in iter_hf_buckets(unwrapped_chunks(learner), learner.model_cfg,
-                                      cfg.rollout.weight_sync.bucket_bytes):
-            del bucket
-        marks.mark("weight-sync gather (every parameter, HF buckets)")
+        for items in iter_hf_buckets(unwrapped_chunks(learner), learner.model_cfg,
+                                     cfg.rollout.weight_sync.bucket_bytes):
+            flat = Bucket.from_items(items).flatten()  # what the broadcast transport sends
+            del flat, items
+        marks.mark("weight sync: every parameter gathered into HF buckets and flattened")
     marks.close()
     params = [p for c in unwrapped_chunks(learner) for p in c.parameters()]
     out = {"marks": marks.rows, "freeze": freeze, "stop_before_step": stop_before_step,
@@ -252,6 +254,7 @@ def train_phase(work: Path, assets: Path, steps: int, sglang_python: str,
         proc = subprocess.Popen(cmd, cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT)
     sampler = SplitMemorySampler(proc.pid, lambda pid: SERVER_MARK in command_line(pid),
                                  phase=phase).start()
+    code = None
     try:
         code = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -260,13 +263,30 @@ def train_phase(work: Path, assets: Path, steps: int, sglang_python: str,
         raise
     finally:
         sampler.stop()
-    wall = time.monotonic() - start
+        out = {"command": cmd, "rows": _rows(metrics), "peaks": sampler.peaks,
+               "wall_s": time.monotonic() - start, "num_samples": sampler.num_samples,
+               "returncode": code}
+        (work / "train.json").write_text(json.dumps(out, indent=1))  # a failed run's too
     if code != 0:
         raise RuntimeError(f"gspo-train exited {code}:\n" + log_path.read_text()[-4000:])
-    out = {"command": cmd, "rows": _rows(metrics), "peaks": sampler.peaks, "wall_s": wall,
-           "num_samples": sampler.num_samples}
-    (work / "train.json").write_text(json.dumps(out, indent=1))
     return out
+
+
+def wait_for_memory(needed_bytes: float, timeout_s: float, poll_s: float = 10.0) -> float:
+    """Wait until the machine has ``needed_bytes`` available (``/proc/meminfo`` MemAvailable:
+    other jobs on a shared machine come and go); returns the seconds waited. Raises
+    ``TimeoutError`` when it never does."""
+    start = time.monotonic()
+    while True:
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) * 1024 for line in f
+                             if line.startswith("MemAvailable:"))
+        if available >= needed_bytes:
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout_s:
+            raise TimeoutError(f"{available / GIB:.1f} GiB available, {needed_bytes / GIB:.1f} "
+                               f"needed, after {timeout_s:.0f} s")
+        time.sleep(poll_s)
 
 
 def step_split(rows: List[dict]) -> Dict[str, Dict[str, float]]:
@@ -444,7 +464,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if opts.skip_train:
         print(json.dumps({"breakdown": breakdown, "plan": plan["plan"]}, indent=1))
         return 0
+    # The run starts when the machine has what the planner says it needs, plus 1 GiB.
+    waited = wait_for_memory(plan["plan"]["total_bytes"] + GIB, opts.timeout_s)
     train = train_phase(opts.work, assets, opts.steps, SGLANG_PYTHON, opts.timeout_s)
+    train["waited_for_memory_s"] = waited
     result = {"train": train, "breakdown": breakdown, "plan": plan,
               "comparisons": comparisons(train, plan["plan"])}
     (opts.work / "results.json").write_text(json.dumps(
