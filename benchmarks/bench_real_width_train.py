@@ -272,6 +272,34 @@ def train_phase(work: Path, assets: Path, steps: int, sglang_python: str,
     return out
 
 
+class KilledRun(RuntimeError):
+    """gspo-train was killed with SIGKILL (on a shared machine: the kernel's OOM killer)."""
+
+
+def train_with_retries(opts, assets: Path, needed_bytes: float) -> dict:
+    """The training phase, started when the machine has what the planner says the run needs
+    plus ``--memory-margin-gib`` available; a run the kernel kills (other jobs took the memory
+    meanwhile) is started again, up to ``--attempts`` times. The result counts the attempts."""
+    from tests.real_sglang import SGLANG_PYTHON
+
+    killed = []
+    for attempt in range(1, opts.attempts + 1):
+        waited = wait_for_memory(needed_bytes + opts.memory_margin_gib * GIB, opts.timeout_s)
+        try:
+            train = train_phase(opts.work, assets, opts.steps, SGLANG_PYTHON, opts.timeout_s)
+        except RuntimeError:
+            done = json.loads((opts.work / "train.json").read_text())
+            if done["returncode"] != -9 or attempt == opts.attempts:
+                raise
+            killed.append({"peaks": done["peaks"], "rows": len(done["rows"])})
+            print(f"attempt {attempt}: gspo-train was killed (SIGKILL) after {len(done['rows'])} "
+                  "metrics rows; starting again", file=sys.stderr, flush=True)
+            continue
+        train.update(waited_for_memory_s=waited, attempts=attempt, killed_attempts=killed)
+        return train
+    raise AssertionError("unreachable")
+
+
 def wait_for_memory(needed_bytes: float, timeout_s: float, poll_s: float = 10.0) -> float:
     """Wait until the machine has ``needed_bytes`` available (``/proc/meminfo`` MemAvailable:
     other jobs on a shared machine come and go); returns the seconds waited. Raises
@@ -346,8 +374,15 @@ def section(result: dict, argv: List[str], conditions: Dict[str, str]) -> str:
         lines.append("")
     split = step_split(t["rows"])
     last = [r for r in t["rows"] if r["step"] >= 1]
+    retry = ""
+    if t.get("killed_attempts"):
+        retry = (f"; attempt {t['attempts']}: the kernel's OOM killer ended "
+                 f"{len(t['killed_attempts'])} earlier one(s) while other jobs on this shared "
+                 "machine held the rest of its memory (their learner peaks: " + ", ".join(
+                     _g(k["peaks"].get("steps", k["peaks"].get("start-up", {})).get("main", 0))
+                     for k in t["killed_attempts"]) + " GiB)")
     lines += [f"**`gspo-train` for {len(last)} GSPO steps** (wall {t['wall_s']:.0f} s from launch "
-              "to exit, server start and final checkpoint + HF export included):", "",
+              f"to exit, server start and final checkpoint + HF export included{retry}):", "",
               "```bash", shlex.join(["gspo-train", *[os.path.relpath(a, REPO)
                                                     if a == str(CONFIG) else a
                                                     for a in t["command"][3:]]]), "```", "",
@@ -426,6 +461,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="freeze lists to break down ('' = nothing frozen: stops before Adam)")
     parser.add_argument("--skip-train", action="store_true", help="breakdown and plan only")
     parser.add_argument("--timeout-s", type=float, default=3600.0)
+    parser.add_argument("--attempts", type=int, default=3,
+                        help="training runs to try when the kernel kills one (shared machine)")
+    parser.add_argument("--memory-margin-gib", type=float, default=2.0,
+                        help="start training when the planner's total plus this is available")
     parser.add_argument("--max-owned-gib", type=float, default=18.0,
                         help="a breakdown process stops (with its stacks) above this")
     parser.add_argument("--doc", type=Path, default=None)
@@ -464,10 +503,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if opts.skip_train:
         print(json.dumps({"breakdown": breakdown, "plan": plan["plan"]}, indent=1))
         return 0
-    # The run starts when the machine has what the planner says it needs, plus 1 GiB.
-    waited = wait_for_memory(plan["plan"]["total_bytes"] + GIB, opts.timeout_s)
-    train = train_phase(opts.work, assets, opts.steps, SGLANG_PYTHON, opts.timeout_s)
-    train["waited_for_memory_s"] = waited
+    train = train_with_retries(opts, assets, plan["plan"]["total_bytes"])
     result = {"train": train, "breakdown": breakdown, "plan": plan,
               "comparisons": comparisons(train, plan["plan"])}
     (opts.work / "results.json").write_text(json.dumps(
