@@ -77,6 +77,11 @@ def test_host_mode_predicts_each_process_and_what_the_freeze_saves():
     saved = full["learner"]["peak_bytes"] - frozen["learner"]["peak_bytes"]
     assert saved == pytest.approx(2 * embedding * 16 + embedding * 6, rel=1e-9)
     assert frozen["fits"] and not full["fits"]
+    saving = json.loads(_run(cfg, "checkpoint.save_final=true", "--host", "--host-memory", "24GiB",
+                             "--json").stdout)["host"]["learner"]
+    trained = 1.2457e9 - 2 * embedding  # the optimizer's save gathers 12 bytes of each
+    assert saving["moment"] == "checkpoint save"
+    assert saving["peak_bytes"] - frozen["learner"]["peak_bytes"] > 12 * trained * 0.9
     server = {t["name"]: t["bytes"] for t in frozen["server"]["terms"]}
     assert server["weights (bf16)"] == pytest.approx(2 * 1.2457e9, rel=1e-3)
     assert server["KV pool"] == 4096 * 1 * 4 * 2 * 128 * 2  # max_total_tokens x layers x kv x K,V

@@ -68,10 +68,12 @@ def test_two_gspo_steps_against_the_real_server(tmp_path, qwen3_tokenizer_dir): 
             assert row[key] > 0, key
         assert 0.0 <= row["routing/activated_expert_changed_frac"] <= 1.0
 
+    run_dir = tmp_path / "work" / "run"
+    assert not (run_dir / "checkpoints").exists()  # checkpoint.save_final=false: export only
     frozen = ["model.embed_tokens.weight", "lm_head.weight"]
     trained = ["model.layers.0.mlp.gate.weight", "model.layers.0.self_attn.q_proj.weight"]
     before = _hf_tensors(model_dir, frozen + trained)
-    after = _hf_tensors(tmp_path / "work" / "run" / "hf_export", frozen + trained)
+    after = _hf_tensors(run_dir / "hf_export", frozen + trained)
     for name in frozen:
         assert torch.equal(before[name], after[name]), name
     for name in trained:

@@ -424,6 +424,11 @@ class CheckpointConfig:
     """Defaults to ``<logging.run_dir>/checkpoints``."""
     save_every_steps: int = 0
     """0 saves only at the end (and on a preemption signal)."""
+    save_final: bool = True
+    """Save a training checkpoint after the last step. false: the run ends with its HF export
+    only (a preemption signal still saves). For a host without room for the save: the
+    distributed optimizer's layout-independent save gathers fp32 main weights and Adam moments
+    into new host tensors, 12 bytes per trained parameter (``gspo-plan --host`` counts it)."""
     load_dir: Optional[str] = None
     """Initial weights (a converted HF checkpoint); None means random init or ``model.hf_path``."""
     resume: str = "auto"

@@ -13,7 +13,12 @@ RssShmem: heap, tensors, shared memory; not the libraries' file pages), the quan
   - *building buffers*: DDP copying every trained weight into its contiguous buffer;
   - *weight sync*: the resident state (weights, grad buffer, optimizer state) plus one flat
     bucket of ``rollout.weight_sync.bucket_bytes`` that the broadcast transport sends
-    (``weight_sync/buckets.py: Bucket.flatten``), capped at the bf16 model.
+    (``weight_sync/buckets.py: Bucket.flatten``), capped at the bf16 model;
+  - *checkpoint save* (when the run saves one: ``checkpoint.save_every_steps`` or
+    ``save_final``): the resident state plus the distributed optimizer's layout-independent
+    state, which Megatron-Core gathers into new fp32 host tensors for the save
+    (``distrib_optimizer.py: get_parameter_state_dp_zero``: main weight, exp_avg, exp_avg_sq of
+    every trained parameter of the stage, 12 bytes each).
 
   Not the GPU estimate's *optimizer step*: on CPU the learner steps torch's fused Adam
   (``learner/optimizer.py: _fuse_cpu_adam``), which updates each tensor in place without
@@ -85,12 +90,19 @@ class HostPlan:
         return self.total_bytes <= self.host_memory_bytes
 
 
+SAVE_GATHER_BYTES_PER_PARAM = 12
+"""fp32 main weight + exp_avg + exp_avg_sq of a trained parameter, gathered for a save."""
+
+
 def learner_process(est: LearnerEstimate, world_size: int, model_bf16_bytes: float,
-                    bucket_bytes: int) -> HostProcess:
+                    bucket_bytes: int, saves_checkpoints: bool = True) -> HostProcess:
     """One learner rank's owned-memory peak on a CPU host (see the module doc)."""
     moments = {"training": est.moments.get("training", est.training_bytes),
                "building buffers": est.moments.get("building buffers", 0.0),
                "weight sync": est.resident_bytes + min(bucket_bytes, model_bf16_bytes)}
+    if saves_checkpoints:
+        moments["checkpoint save"] = est.resident_bytes + \
+            SAVE_GATHER_BYTES_PER_PARAM * est.trainable_params
     moment = max(moments, key=moments.get)
     if moment == "training":
         tensors = list(est.terms)
@@ -128,7 +140,8 @@ def estimate_host(cfg, shape: ModelShape, learner: LearnerEstimate, world_size: 
     if r.engine == "sglang" and not r.sglang.server_addresses:
         server = server_process(shape, r.sglang.num_servers, r.sglang.max_total_tokens,
                                 r.sglang.mem_fraction_static, host_memory_bytes, bucket)
-    return HostPlan(learner_process(learner, world_size, model_bf16, bucket), server,
+    saves = cfg.checkpoint.save_final or cfg.checkpoint.save_every_steps > 0
+    return HostPlan(learner_process(learner, world_size, model_bf16, bucket, saves), server,
                     host_memory_bytes)
 
 

@@ -64,6 +64,8 @@ class LearnerEstimate:
     resident_bytes: float = 0.0
     """What stays on the GPU between steps: weights, fp32 grad buffer, the optimizer state on the
     GPU and FP8 copies (a colocated server's KV cache has to fit beside it)."""
+    trainable_params: float = 0.0
+    """Parameters of this rank with gradients and optimizer state (``optimizer.freeze`` aside)."""
     moments: Dict[str, float] = field(default_factory=dict)
     """Every moment's total (``training``, ``optimizer step``, ``building buffers``); the peak
     is the largest (``planner/host_memory.py`` re-weighs them for a CPU process)."""
@@ -138,7 +140,8 @@ def _stage_estimate(shape: ModelShape, layout: Layout, precision: Precision, wor
     if buffer:
         terms.append(Term("attention / all-gather buffer", buffer))
     est = LearnerEstimate(stage=stage, terms=terms,
-                          host_bytes=optimizer_total * precision.offload_fraction)
+                          host_bytes=optimizer_total * precision.offload_fraction,
+                          trainable_params=pc.trainable)
     static = sum(t.bytes for t in terms[:3]) + fp8
     est.resident_bytes = static
     embedding_trained = not {"embedding", "output_layer"} <= set(precision.frozen)

@@ -267,7 +267,8 @@ class GSPOTrainer:
                 log.info("step %d/%d %s", self.step, cfg.trainer.num_steps, _summary(metrics))
             preempted = _any_rank(p.preemption.requested, p)
             every = cfg.checkpoint.save_every_steps
-            if last or preempted or (every and self.step % every == 0):
+            if (last and cfg.checkpoint.save_final) or preempted or \
+                    (every and self.step % every == 0):
                 p.checkpoints.save(self.step,
                                    extra={"pending_rollout": self.rollouts.checkpoint_state()})
             if preempted and not last:
