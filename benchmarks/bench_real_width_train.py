@@ -56,8 +56,12 @@ CONFIG = REPO / "configs" / "qwen3_30b_a3b_1layer_cpu.yaml"
 TOLERANCE = 0.20
 BEGIN = "<!-- bench_real_width_train: begin (written by the benchmark; do not edit) -->"
 END = "<!-- bench_real_width_train: end -->"
-SERVER_MARK = "gspo_megatron.distributed.child_processes"
-"""The wrapper every server the trainer launches runs under (``rollout/sglang/launcher.py``)."""
+SERVER_MARKS = ("gspo_megatron.distributed.child_processes", "keyed_launch.py",
+                "sglang.launch_server", "sglang::")
+"""A server's processes: the parent-death wrapper the trainer starts it under
+(``rollout/sglang/launcher.py``), which execs the keyed launcher or ``sglang.launch_server``
+(so the wrapper's own command line is seen only for a moment), and SGLang's ``sglang::scheduler``
+/ ``sglang::detokenizer``."""
 SPLIT_KEYS = {"generate": "time/rollout_wait_s", "old log-probs": "time/old_logprobs_s",
               "train": "time/update_s", "expert volatility": "time/expert_volatility_s",
               "weight sync": "time/weight_sync_s", "sync verify": "time/sync_verify_s",
@@ -226,6 +230,11 @@ def _rows(path: Path) -> List[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _is_server(pid: int) -> bool:
+    line = command_line(pid)
+    return any(mark in line for mark in SERVER_MARKS)
+
+
 def train_phase(work: Path, assets: Path, steps: int, sglang_python: str,
                 timeout_s: float, extra: Sequence[str] = ()) -> dict:
     """``gspo-train`` for ``steps`` steps under the split sampler; rows, peaks, wall time
@@ -252,8 +261,7 @@ def train_phase(work: Path, assets: Path, steps: int, sglang_python: str,
     start = time.monotonic()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT)
-    sampler = SplitMemorySampler(proc.pid, lambda pid: SERVER_MARK in command_line(pid),
-                                 phase=phase).start()
+    sampler = SplitMemorySampler(proc.pid, _is_server, phase=phase).start()
     code = None
     try:
         code = proc.wait(timeout=timeout_s)
