@@ -19,10 +19,11 @@ Three measurements, one after another (never two at once), on the 1-layer checkp
 2. **train**: ``gspo-train`` with that config for ``--steps`` GSPO steps, the trainer starting the
    real SGLang 0.5.23 CPU server itself (disaggregated, weights broadcast after every update and
    verified on the server). Owned memory of the trainer's process tree is sampled every 0.1 s,
-   the server's processes (under the launcher's wrapper) apart from the learner's (the trainer
-   and its reward worker), per phase of the run: start-up (server start, learner build, weight
-   load), the GSPO steps (from the first step's start to the last step's metrics row), the end
-   (checkpoint, HF export). The step time split comes from the run's own metrics rows.
+   the server's processes (under the launcher's wrapper) apart from the learner's (the trainer,
+   whose reward scoring runs in threads), per phase of the run: start-up (server start, learner
+   build, weight load), the GSPO steps (from the first step's start to the last step's metrics
+   row), the end (the HF export; the config saves no final checkpoint, ``checkpoint.save_final``).
+   The step time split comes from the run's own metrics rows.
 3. **plan**: ``gspo-plan CONFIG --host --json`` with the same overrides: the predicted peak of
    the learner process and of the server, compared with the measured ones (within +-20%).
 
@@ -370,13 +371,15 @@ def section(result: dict, argv: List[str], conditions: Dict[str, str]) -> str:
         ["python", "benchmarks/bench_real_width_train.py", *argv]), "```", "",
              "Conditions: " + "; ".join(f"{k} {v}" for k, v in conditions.items()) + ".", ""]
     for name, bd in b.items():
+        moments = (f"{bd['state_numel']['adam_moments'] / 1e9:.3f} B" if not bd["stop_before_step"]
+                   else f"not created: it stops before the first optimizer step (they would be "
+                        f"{_g(8 * bd['trainable'])} GiB)")
         lines += [f"**Where the learner's memory goes** (`optimizer.freeze={bd['freeze'] or '[]'}`; "
                   f"{bd['params'] / 1e9:.3f} B parameters, {bd['trainable'] / 1e9:.3f} B trained, "
                   f"bf16 weights {_g(bd['param_bytes'])} GiB; grad buffer "
                   f"{bd['state_numel']['grad_buffer'] / 1e9:.3f} B fp32 elements, main weights "
-                  f"{bd['state_numel']['main_params'] / 1e9:.3f} B, Adam moments "
-                  f"{bd['state_numel']['adam_moments'] / 1e9:.3f} B; one process, "
-                  f"{bd['threads']} threads):", "",
+                  f"{bd['state_numel']['main_params'] / 1e9:.3f} B, Adam moments {moments}; one "
+                  f"process, {bd['threads']} threads):", "",
                   "| after | owned GiB | peak inside GiB |", "|---|---|---|"]
         lines += [f"| {m['label']} | {_g(m['owned'])} | {_g(m['peak'])} |" for m in bd["marks"]]
         lines.append("")
@@ -390,7 +393,7 @@ def section(result: dict, argv: List[str], conditions: Dict[str, str]) -> str:
                      _g(k["peaks"].get("steps", k["peaks"].get("start-up", {})).get("main", 0))
                      for k in t["killed_attempts"]) + " GiB)")
     lines += [f"**`gspo-train` for {len(last)} GSPO steps** (wall {t['wall_s']:.0f} s from launch "
-              f"to exit, server start and final checkpoint + HF export included{retry}):", "",
+              f"to exit, server start and the final HF export included{retry}):", "",
               "```bash", shlex.join(["gspo-train", *[os.path.relpath(a, REPO)
                                                     if a == str(CONFIG) else a
                                                     for a in t["command"][3:]]]), "```", "",
@@ -409,7 +412,7 @@ def section(result: dict, argv: List[str], conditions: Dict[str, str]) -> str:
               f"changed by the step's updates {vol}.", "",
               "Peak owned memory (RssAnon + RssShmem summed over each part's processes, sampled "
               "every 0.1 s), by phase of the run:", "",
-              "| phase | learner (trainer + reward worker) GiB | server (3 SGLang processes) GiB "
+              "| phase | learner (the trainer process) GiB | server (3 SGLang processes) GiB "
               "| both GiB |", "|---|---|---|---|"]
     for ph in ("start-up", "steps", "end"):
         if ph in t["peaks"]:
@@ -476,6 +479,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--max-owned-gib", type=float, default=18.0,
                         help="a breakdown process stops (with its stacks) above this")
     parser.add_argument("--doc", type=Path, default=None)
+    parser.add_argument("--render-from", type=Path, default=None,
+                        help="write the section from WORK/results.json of an earlier run, "
+                             "measuring nothing")
     parser.add_argument("--phase", choices=["breakdown"], default=None, help=argparse.SUPPRESS)
     parser.add_argument("--freeze", default="", help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -484,6 +490,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error("--steps must be >= 2 (step 1 also syncs the initial weights)")
     opts.work.mkdir(parents=True, exist_ok=True)
     assets = opts.assets or opts.work / "assets"
+    if opts.render_from:  # the section again from a run's results.json (a template change)
+        return _report(json.loads((opts.render_from / "results.json").read_text()), opts.doc)
     if opts.phase == "breakdown":
         freeze = [g for g in opts.freeze.split(",") if g]
         breakdown_main(opts.work, assets, freeze, stop_before_step=not freeze,
@@ -513,14 +521,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     train = train_with_retries(opts, assets, plan["plan"]["total_bytes"])
     result = {"train": train, "breakdown": breakdown, "plan": plan,
-              "comparisons": comparisons(train, plan["plan"])}
-    (opts.work / "results.json").write_text(json.dumps(
-        {k: v for k, v in result.items() if k != "train"} | {"train": {
-            k: v for k, v in train.items()}}, indent=1, default=str))
-    text = section(result, argv, _conditions(load_before))
+              "comparisons": comparisons(train, plan["plan"]),
+              "argv": argv, "conditions": _conditions(load_before)}
+    (opts.work / "results.json").write_text(json.dumps(result, indent=1, default=str))
+    return _report(result, opts.doc)
+
+
+def _report(result: dict, doc: Optional[Path]) -> int:
+    text = section(result, result["argv"], result["conditions"])
     print("\n" + text)
-    if opts.doc:
-        write_doc(opts.doc, text)
+    if doc:
+        write_doc(doc, text)
     return 0 if all(c["within"] for c in result["comparisons"]) else 1
 
 
