@@ -85,3 +85,12 @@ def test_smoke_run_writes_the_section(tmp_path):
     config = (tmp_path / "runs" / "e16_top8" / "assets" / "model" / "config.json").read_text()
     assert '"num_experts": 16' in config and '"num_experts_per_tok": 8' in config
     assert not (tmp_path / "runs" / "e16_top8" / "run" / "checkpoints").exists()  # deleted
+
+
+def test_render_rewrites_the_section_from_the_saved_points(tmp_path):
+    points = [pe.point_from_rows(32, 8, _rows([0.04, 0.06]))]
+    pe.save_points(tmp_path / "volatility_vs_experts.json", points, SETTING)
+    doc = tmp_path / "doc.md"
+    doc.write_text("# Doc\n\n" + pe.empty_section() + "\n")
+    assert tool.main(["--out", str(tmp_path), "--render", "--doc", str(doc)]) == 0
+    assert "| 32 experts top-8 | 2 | 5.00% (4.00%-6.00%) |" in doc.read_text()

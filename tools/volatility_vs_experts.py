@@ -16,8 +16,9 @@ configs/qwen3_30b_a3b_1layer_cpu.yaml`` (embedding and output layer frozen, the 
 experts train) against the real SGLang CPU server for ``--steps`` GSPO steps on the same prompts
 (same seed: the same questions in the same order), the same learning rate and batch. Each step
 records the top-k of every response token of all its sequences before and after the step's two
-updates (``trainer/expert_volatility.py``). A finished point is not run again; checkpoints and
-exports are deleted after each run (they are 3-10 GB each).
+updates (``trainer/expert_volatility.py``). A finished point is not run again; each run's HF
+export (1-2.5 GB) is deleted after it. ``--render`` writes the section again from the saved
+``<out>/volatility_vs_experts.json`` without running anything.
 Exit codes: 0 done, 1 a run failed (its log is named), 2 bad arguments.
 """
 
@@ -37,8 +38,9 @@ from typing import List, Optional, Sequence, Tuple
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout, no install
 
-from gspo_megatron.experiments.paper_experts import (ExpertPoint, point_from_rows,  # noqa: E402
-                                                     save_points, section, write_section)
+from gspo_megatron.experiments.paper_experts import (ExpertPoint, load_points,  # noqa: E402
+                                                     point_from_rows, save_points, section,
+                                                     write_section)
 
 DEFAULT_ROUTINGS = ("128x8", "64x8", "32x8", "16x8", "8x2")
 CONFIG = REPO / "configs" / "qwen3_30b_a3b_1layer_cpu.yaml"
@@ -141,6 +143,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--steps", type=int, default=3, help="GSPO steps per routing")
     parser.add_argument("--doc", type=Path, help="rewrite this document's marked section")
     parser.add_argument("--keep-checkpoints", action="store_true")
+    parser.add_argument("--render", action="store_true",
+                        help="only rewrite --doc's section from <out>/volatility_vs_experts.json")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny widths, embedded engine, 2 routings, 1 step (the test)")
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -148,6 +152,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.steps < 1:
         parser.error("--steps must be >= 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    if args.render:
+        if not args.doc:
+            parser.error("--render needs --doc")
+        write_section(args.doc, section(*load_points(args.out / "volatility_vs_experts.json")))
+        return 0
     extra, widths = (), None
     if args.smoke:
         args.routings = [parse_routing(r) for r in SMOKE["routings"]]

@@ -123,14 +123,8 @@ def _stage_estimate(shape: ModelShape, layout: Layout, precision: Precision, wor
     terms.append(Term(f"activations ({work.recompute} recompute, {in_flight:g} in flight)", saved))
     if last:
         terms.append(Term("final norm + output input", final_norm_bytes(shape, layout, mb, act)))
-        logits = logits_bytes(shape, layout, mb, act)
-        if work.kernel == "local" and "output_layer" not in precision.frozen:
-            # Megatron's CPU path has no fused weight-gradient accumulation: the output layer's
-            # [V/tp, h] gradient is made in the weights' dtype, then added into the fp32
-            # main_grad through an fp32 copy when the weights are 16-bit (measured at Qwen3's
-            # vocabulary in bf16: 1.7 GiB, docs/real_geometry.md).
-            logits += shape.padded_vocab(layout.tp) / layout.tp * shape.hidden_size * (
-                act + (4 if act != 4 else 0))
+        logits = logits_bytes(shape, layout, mb, act) + \
+            _output_weight_grad_bytes(shape, layout, precision, work.kernel)
         if logits >= transient:
             terms.append(Term("logits / log-prob pass", logits))
             transient = 0.0
@@ -144,19 +138,38 @@ def _stage_estimate(shape: ModelShape, layout: Layout, precision: Precision, wor
                           trainable_params=pc.trainable)
     static = sum(t.bytes for t in terms[:3]) + fp8
     est.resident_bytes = static
+    est.moments = _moments(shape, layout, precision, pc, static, est.training_bytes)
+    est.peak_moment = max(est.moments, key=est.moments.get)
+    est.peak_bytes = est.moments[est.peak_moment]
+    return est
+
+
+def _output_weight_grad_bytes(shape: ModelShape, layout: Layout, precision: Precision,
+                              kernel: str) -> float:
+    """Megatron's CPU path has no fused weight-gradient accumulation: the output layer's
+    ``[V/tp, h]`` gradient is made in the weights' dtype, then added into the fp32 main_grad
+    through an fp32 copy when the weights are 16-bit (measured at Qwen3's vocabulary in bf16:
+    1.7 GiB, docs/real_geometry.md). None when the output layer is frozen or on the TE path."""
+    if kernel != "local" or "output_layer" in precision.frozen:
+        return 0.0
+    act = precision.act_bytes
+    return shape.padded_vocab(layout.tp) / layout.tp * shape.hidden_size * (
+        act + (4 if act != 4 else 0))
+
+
+def _moments(shape: ModelShape, layout: Layout, precision: Precision, pc: ParamCounts,
+             static: float, training: float) -> Dict[str, float]:
+    """Training, the optimizer step (Adam's temporaries on the largest shard) and building the
+    DDP buffers (each trained weight copied into its contiguous buffer before the old storage
+    is freed)."""
     embedding_trained = not {"embedding", "output_layer"} <= set(precision.frozen)
     largest_shard = max(shape.padded_vocab(layout.tp) * shape.hidden_size / layout.tp
                         if embedding_trained else 0, pc.trainable / max(pc.layers, 1)) / (
         layout.dense_shard_group if precision.distributed_optimizer else 1)
-    # DDP copies each trained weight into its contiguous buffer before freeing the old storage.
-    moments = {"training": est.training_bytes,
-               "optimizer step": static + 2 * 4 * largest_shard * (1 - precision.offload_fraction),
-               "building buffers": ((pc.total + pc.trainable) * precision.param_bytes + pc.trainable
-                                    * precision.grad_bytes) if precision.distributed_optimizer else 0}
-    est.moments = moments
-    est.peak_moment = max(moments, key=moments.get)
-    est.peak_bytes = moments[est.peak_moment]
-    return est
+    return {"training": training,
+            "optimizer step": static + 2 * 4 * largest_shard * (1 - precision.offload_fraction),
+            "building buffers": ((pc.total + pc.trainable) * precision.param_bytes + pc.trainable
+                                 * precision.grad_bytes) if precision.distributed_optimizer else 0}
 
 
 def estimate_learner(shape: ModelShape, layout: Layout, precision: Precision,
