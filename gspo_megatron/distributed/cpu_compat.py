@@ -334,7 +334,9 @@ def _patch_linear_backward_grad_layout() -> None:
     the backward of every micro-batch. Contiguous, the same matmul is one ``[s*b, V] x [V, h]``
     GEMM; the weight-gradient code that follows makes the gradient contiguous anyway
     (``prepare_input_tensors_for_wgrad_compute``), so the trainable path pays nothing and the
-    frozen one (``optimizer.freeze``) one ``[s*b, V]`` copy.
+    frozen one (``optimizer.freeze``) one ``[s*b, V]`` copy. Only a non-contiguous gradient of
+    more than two dimensions is touched: 2-D ones (the experts') fold as they are, and copying
+    them earlier raised the planner benchmark's MoE peaks by up to 19 MB (``docs/planner.md``).
     """
     from megatron.core.tensor_parallel import layers
 
@@ -342,7 +344,9 @@ def _patch_linear_backward_grad_layout() -> None:
         original = cls.backward
 
         def backward(ctx, grad_output, *rest, _original=original):
-            return _original(ctx, grad_output.contiguous(), *rest)
+            if grad_output.dim() > 2 and not grad_output.is_contiguous():  # what matmul can't fold
+                grad_output = grad_output.contiguous()
+            return _original(ctx, grad_output, *rest)
 
         cls.backward = staticmethod(backward)
 
