@@ -72,3 +72,30 @@ def test_a_daemon_left_holding_the_output_does_not_hold_the_run(tmp_path):
         assert took < 15, took  # a pipe would have waited for the daemon's 30 s
     finally:
         os.kill(pid, signal.SIGKILL)
+
+def test_split_sampler_counts_a_marked_child_apart_from_the_rest():
+    import os
+    import time
+
+    from benchmarks.owned_memory import SplitMemorySampler, command_line
+
+    marker = "held_by_the_branch_child"
+    child = subprocess.Popen([sys.executable, "-c", f"{marker} = 1; " + HOLD.format(n=120 * MB)
+                              .replace("time.sleep(1.0)", "time.sleep(3.0)")])
+    phase = {"now": "before"}
+    sampler = SplitMemorySampler(os.getpid(), lambda pid: marker in command_line(pid),
+                                 phase=lambda: phase["now"], interval_s=0.05).start()
+    try:
+        time.sleep(1.0)
+        phase["now"] = "after"
+        big = bytearray(80 * MB)
+        big[::4096] = b"x" * len(big[::4096])
+        time.sleep(0.5)
+    finally:
+        sampler.stop()
+        child.kill()
+        child.wait()
+    before, after = sampler.peaks["before"], sampler.peaks["after"]
+    assert 120 * MB < before["branch"] < 150 * MB and after["branch"] > 120 * MB
+    assert after["main"] - before["main"] > 70 * MB  # this process's new 80 MB, not the child's
+    assert sampler.overall()["total"] >= after["main"] + 120 * MB

@@ -146,7 +146,9 @@ class GSPOTrainer:
             self.p.engine.resume_memory()
             self._released = False
         if synced and self.p.sync_check is not None:  # rollout.weight_sync.verify
+            start = time.perf_counter()
             metrics.update(self.p.sync_check(str(self.p.learner.step)))
+            metrics["time/sync_verify_s"] = time.perf_counter() - start
         return metrics
 
     def evaluate(self) -> Dict[str, float]:
@@ -267,7 +269,8 @@ class GSPOTrainer:
                 log.info("step %d/%d %s", self.step, cfg.trainer.num_steps, _summary(metrics))
             preempted = _any_rank(p.preemption.requested, p)
             every = cfg.checkpoint.save_every_steps
-            if last or preempted or (every and self.step % every == 0):
+            if (last and cfg.checkpoint.save_final) or preempted or \
+                    (every and self.step % every == 0):
                 p.checkpoints.save(self.step,
                                    extra={"pending_rollout": self.rollouts.checkpoint_state()})
             if preempted and not last:
