@@ -15,11 +15,12 @@ trainer's verification probe (``trainer/sync_check.py``: the server samples a fe
 the learner recomputes their log-probs) runs before the sync (the server still serves the previous
 weights: its gap must exceed the tolerance, or the probe could not tell) and after it (within).
 
-Floors, measured by the same two ranks right before each transport's syncs: a memcpy of the
-sync's bytes (one flat uint8 buffer into another, both touched before) on rank 0, and one gloo
-broadcast of one flat buffer of that size from rank 0 to rank 1 (the slower rank's time). The
-ratio is the median sync time over the floor; the time per tensor that is not copying is
-``(sync - floor) / tensors``. The profile splits each sync by ``run_update``'s phases
+Floors, measured by the same two ranks right before each sync: a memcpy of the sync's bytes
+(one flat uint8 buffer into another, both touched before) on rank 0; one gloo broadcast of one
+flat buffer of that size from rank 0 to rank 1 (the slower rank's time): **the floor**; and the
+same broadcast into an untouched buffer (what a server that allocates per bucket pays). The
+ratio is the median over the syncs of each sync's time over its own floor (the shared machine's
+load drifts); the time per tensor that is not copying is ``(sync - floor) / tensors``. The profile splits each sync by ``run_update``'s phases
 (``weight_sync/*_s``, ``weight_sync/sync.py``). The command, the conditions and the numbers go into
 the marked section of ``--doc``.
 """
@@ -148,7 +149,6 @@ def ranks_main(work: Path) -> None:
     results: Dict = {"threads": torch.get_num_threads(), "transports": {}}
     count = 0
     for name in plan["transports"]:
-        floors = measure_floors(plan["num_bytes"], plan["floor_repeats"])
         parts = SimpleNamespace(learner=learner, engine=engine, run_dir=work)
         syncer = _build_weight_sync(parts, _sync_config(cfg, name, plan["bucket_bytes"], work),
                                     runtime)
@@ -158,15 +158,17 @@ def ranks_main(work: Path) -> None:
             change_weights(learner)
             version = f"{name}-{count}"
             before = probe(version).get("weight_sync/probe_abs_logp")
+            floors = measure_floors(plan["num_bytes"], plan["floor_repeats"])  # right before
             dist.barrier()
             t0 = time.perf_counter()
             metrics = syncer(version)
             wall = time.perf_counter() - t0
             after = probe(version).get("weight_sync/probe_abs_logp")
-            syncs.append({**metrics, "wall_s": wall, "probe_before": before, "probe_after": after})
+            syncs.append({**metrics, **{f"floor_{k}": v for k, v in floors.items()},
+                          "wall_s": wall, "probe_before": before, "probe_after": after})
         if syncer.transport is not None:
             syncer.transport.close()
-        results["transports"][name] = {"floors": floors, "syncs": syncs}
+        results["transports"][name] = {"syncs": syncs}
         if runtime.is_main:  # kept transport by transport: a later failure leaves these
             (work / "ranks.json").write_text(json.dumps(results, indent=1))
     if runtime.is_main:
@@ -193,7 +195,7 @@ def checkpoint_bytes(model_dir: Path) -> int:
 
 def run_syncs(model_dir: Path, address: str, server_pid: int, prompt: List[int], work: Path,
               transports=TRANSPORTS, num_syncs: int = 3, bucket_bytes: int = 512 * 2 ** 20,
-              tolerance: float = 0.05, floor_repeats: int = 3,
+              tolerance: float = 0.05, floor_repeats: int = 1,
               timeout_s: float = 3600.0) -> Dict:
     """The ranks' phase against a running server (its process tree sampled for memory)."""
     work.mkdir(parents=True, exist_ok=True)
@@ -217,15 +219,17 @@ def run_syncs(model_dir: Path, address: str, server_pid: int, prompt: List[int],
 
 
 def summarize(result: Dict) -> Dict[str, Dict]:
-    """Per transport: medians over the syncs, the floors, ratios, profile and probe checks.
-    The floor is one gloo broadcast of the bytes (every transport brings them out of a gloo
-    learner into another process); the memcpy ratio says how far each is from any copy."""
+    """Per transport: medians over the syncs of the time, the floors measured right before
+    each, the ratios sync / floor (each sync against its own floors: the machine's load drifts),
+    the profile, and the probe checks. The floor is one gloo broadcast of the bytes (every
+    transport brings them out of a gloo learner into another process); the memcpy ratio says
+    how far each is from any copy."""
     plan, out = result["plan"], {}
     for name, r in result["ranks"]["transports"].items():
-        syncs, floors = r["syncs"], r["floors"]
-        med = lambda key: statistics.median(s.get(key, 0.0) for s in syncs)  # noqa: E731
-        total, floor = med("weight_sync/total_s"), floors["gloo_s"]
+        syncs = r["syncs"]
+        med = lambda values: statistics.median(list(values))  # noqa: E731
         num_tensors = int(syncs[0]["weight_sync/num_tensors"])
+        totals = [s["weight_sync/total_s"] for s in syncs]
         phases = sorted({k[len("weight_sync/"):-2] for s in syncs for k in s
                          if k.startswith("weight_sync/") and k.endswith("_s")
                          and k not in NOT_PHASES})
@@ -233,16 +237,20 @@ def summarize(result: Dict) -> Dict[str, Dict]:
         out[name] = {
             "num_bytes": int(round(syncs[0]["weight_sync/gb"] * 1e9)),
             "num_buckets": int(syncs[0]["weight_sync/num_buckets"]),
-            "num_tensors": num_tensors, "total_s": total,
-            "totals": [s["weight_sync/total_s"] for s in syncs],
-            "floor_s": floor, "memcpy_s": floors["memcpy_s"],
-            "gloo_fresh_s": floors["gloo_fresh_s"], "floor_received": floors["received"],
-            "ratio": total / floor, "ratio_memcpy": total / floors["memcpy_s"],
-            "phases": {p: med(f"weight_sync/{p}_s") for p in phases},
+            "num_tensors": num_tensors, "total_s": med(totals), "totals": totals,
+            "floor_s": med(s["floor_gloo_s"] for s in syncs),
+            "memcpy_s": med(s["floor_memcpy_s"] for s in syncs),
+            "gloo_fresh_s": med(s["floor_gloo_fresh_s"] for s in syncs),
+            "floor_received": all(s["floor_received"] for s in syncs),
+            "ratios": [s["weight_sync/total_s"] / s["floor_gloo_s"] for s in syncs],
+            "ratio": med(s["weight_sync/total_s"] / s["floor_gloo_s"] for s in syncs),
+            "ratio_memcpy": med(s["weight_sync/total_s"] / s["floor_memcpy_s"] for s in syncs),
+            "phases": {p: med(s.get(f"weight_sync/{p}_s", 0.0) for s in syncs) for p in phases},
             "probes": probes,
             "probe_ok": all(b is not None and a is not None and b > plan["tolerance"] >= a
                             for b, a in probes),
-            "per_tensor_us": (total - floor) / num_tensors * 1e6}
+            "per_tensor_us": med((s["weight_sync/total_s"] - s["floor_gloo_s"]) / num_tensors
+                                 for s in syncs) * 1e6}
     return out
 
 
@@ -266,20 +274,22 @@ def section(result: Dict, summary: Dict, argv: List[str], conditions: Dict[str, 
         f"{plan['bucket_bytes'] / 2**20:g} MiB. Peak owned memory: server "
         f"{result['server_peak_gib']:.2f} GiB, learner ranks {result['learner_peak_gib']:.2f} GiB "
         "(floors' buffers included).", "",
-        "Floors, measured by the learner's two ranks right before each transport's syncs "
-        "(median of 3): memcpy = one flat buffer of the sync's bytes copied into another on "
-        "rank 0; gloo = one gloo broadcast of such a buffer from rank 0 to rank 1 (**the "
-        "floor**), both buffers touched before; gloo, new buffer = the same broadcast into an "
-        "untouched buffer, as a server receives each bucket. Not copying, per tensor = "
-        "(sync - floor) / tensors.", "",
+        "Floors, measured by the learner's two ranks right before each sync: memcpy = one "
+        "flat buffer of the sync's bytes copied into another on rank 0; gloo = one gloo "
+        "broadcast of such a buffer from rank 0 to rank 1 (**the floor**), both buffers touched "
+        "before; gloo, new buffer = the same broadcast into an untouched buffer, as a server "
+        "receives each bucket. Each sync is divided by its own floors (the load drifts), then "
+        "the median is taken. Not copying, per tensor = (sync - floor) / tensors.", "",
         "| transport | buckets | tensors | sync s (median; each) | memcpy s | gloo s | "
-        "gloo, new buffer s | sync / floor | sync / memcpy | not copying, per tensor |",
+        "gloo, new buffer s | sync / floor (median; each) | sync / memcpy | "
+        "not copying, per tensor |",
         "|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in summary.items():
         each = ", ".join(f"{t:.2f}" for t in s["totals"])
+        ratios = ", ".join(f"{r:.2f}" for r in s["ratios"])
         lines.append(f"| {name} | {s['num_buckets']} | {s['num_tensors']} | {s['total_s']:.2f} "
                      f"({each}) | {s['memcpy_s']:.3f} | {s['floor_s']:.3f} | "
-                     f"{s['gloo_fresh_s']:.3f} | **{s['ratio']:.2f}x** | "
+                     f"{s['gloo_fresh_s']:.3f} | **{s['ratio']:.2f}x** ({ratios}) | "
                      f"{s['ratio_memcpy']:.2f}x | {s['per_tensor_us'] / 1e3:.2f} ms |")
     lines += ["", "Where each sync's time goes (median s; `weight_sync/*_s` of `run_update`; "
               "send = the transport's share, split into its own parts; protocol = pause, abort, "

@@ -16,39 +16,42 @@ from benchmarks import bench_real_width_sync as bench
 from tests.qwen3_assets import REAL_VOCAB, qwen3_tokenizer_dir, write_tiny  # noqa: F401
 
 
-def _sync(total, tensors=10, gb=0.001, before=0.5, after=0.001, **phases):
+def _sync(total, tensors=10, gb=0.001, before=0.5, after=0.001, memcpy=0.1, gloo=0.5,
+          **phases):
     return {"weight_sync/total_s": total, "weight_sync/transfer_s": total,
             "weight_sync/gb_per_s": 1.0, "weight_sync/gb": gb, "weight_sync/num_buckets": 2.0,
             "weight_sync/num_tensors": float(tensors), "probe_before": before,
-            "probe_after": after, **{f"weight_sync/{k}_s": v for k, v in phases.items()}}
+            "probe_after": after, "floor_memcpy_s": memcpy, "floor_gloo_s": gloo,
+            "floor_gloo_fresh_s": 2 * gloo, "floor_received": True,
+            **{f"weight_sync/{k}_s": v for k, v in phases.items()}}
 
 
-def _result(syncs_by_transport, memcpy=0.1, gloo=0.5, tolerance=0.05):
-    floors = {"memcpy_s": memcpy, "gloo_s": gloo, "gloo_fresh_s": 2 * gloo, "received": True}
+def _result(syncs_by_transport, tolerance=0.05):
     return {"plan": {"tolerance": tolerance, "num_syncs": 3, "num_bytes": 10**6,
                      "bucket_bytes": 2**20},
             "ranks": {"threads": 1, "transports": {
-                name: {"floors": floors, "syncs": syncs}
-                for name, syncs in syncs_by_transport.items()}},
+                name: {"syncs": syncs} for name, syncs in syncs_by_transport.items()}},
             "server_peak_gib": 1.0, "learner_peak_gib": 2.0}
 
 
 def test_ratio_per_tensor_time_and_profile_are_medians_over_the_syncs():
     result = _result({
-        "nccl": [_sync(1.4, pack=0.2, pause=0.01), _sync(0.9, pack=0.1, pause=0.03),
+        "nccl": [_sync(1.4, gloo=0.7, pack=0.2, pause=0.01), _sync(0.9, pack=0.1, pause=0.03),
                  _sync(1.0, pack=0.3, pause=0.02)],
         "tensor": [_sync(0.3), _sync(0.4), _sync(0.2)]})
     out = bench.summarize(result)
     nccl, tensor = out["nccl"], out["tensor"]
-    assert nccl["total_s"] == 1.0 and nccl["ratio"] == pytest.approx(2.0)  # over gloo's 0.5 s
+    assert nccl["total_s"] == 1.0 and nccl["floor_s"] == 0.5
+    # each sync over the floor measured right before it: 1.4 / 0.7, 0.9 / 0.5, 1.0 / 0.5
+    assert nccl["ratios"] == pytest.approx([2.0, 1.8, 2.0]) and nccl["ratio"] == pytest.approx(2.0)
     assert tensor["ratio"] == pytest.approx(0.6) and tensor["ratio_memcpy"] == pytest.approx(3.0)
     assert nccl["per_tensor_us"] == pytest.approx((1.0 - 0.5) / 10 * 1e6)
     assert nccl["phases"] == pytest.approx({"pack": 0.2, "pause": 0.02})
     assert (nccl["num_bytes"], nccl["num_buckets"], nccl["num_tensors"]) == (10**6, 2, 10)
     assert nccl["probe_ok"] and tensor["probe_ok"]
     text = bench.section(result, out, ["--work", "w"], {"date": "today"})
-    assert "| nccl | 2 | 10 | 1.00 (1.40, 0.90, 1.00) | 0.100 | 0.500 | 1.000 | **2.00x** | " \
-           "10.00x | 50.00 ms |" in text
+    assert "| nccl | 2 | 10 | 1.00 (1.40, 0.90, 1.00) | 0.100 | 0.500 | 1.000 | " \
+           "**2.00x** (2.00, 1.80, 2.00) | 10.00x | 50.00 ms |" in text
     assert "| nccl | pack 0.20, protocol 0.02 |" in text
     assert "met by nccl, tensor." in text
     slow = bench.summarize(_result({"disk": [_sync(1.5)]}))
