@@ -113,9 +113,14 @@ def _against_tiny(points: Sequence[ExpertPoint]) -> str:
     return (f" 128 experts top-8 (Qwen3-30B-A3B's routing) change {_pct(big.activated_mean)} of "
             f"their activated experts per step, 8 experts top-2 (the tiny models' routing) "
             f"{_pct(tiny.activated_mean)}: {ratio:.1f}x, on the same prompts, widths and "
-            "updates. The paper's ~10% is for the trained 48-layer model; these are one "
-            "randomly initialised layer (near-uniform router logits) after two updates at lr "
-            "1e-5, so the comparison is between routings, not with the paper's number.")
+            f"updates; the top-k set of a (token, layer) pair changes in "
+            f"{_pct(big.topk_set_mean)} of pairs against {_pct(tiny.topk_set_mean)} (with "
+            f"{big.top_k} slots instead of {tiny.top_k}, one change among them is more likely"
+            f"{', while the share of slots that change is within 1.5x' if 1 / 1.5 <= ratio <= 1.5 else ''}"
+            "). The paper's ~10% is for the trained "
+            "48-layer model; these are one randomly initialised layer (near-uniform router "
+            "logits) after two updates at lr 1e-5, so the comparison is between routings, not "
+            "with the paper's number.")
 
 
 def empty_section() -> str:
