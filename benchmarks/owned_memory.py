@@ -244,10 +244,12 @@ class SplitMemorySampler:
 
     def sample(self) -> Dict[str, int]:
         """One sample; returns ``{"main", "branch", "total"}`` bytes now."""
-        label = self.phase()
         rest, branch = split_tree(self.root, self._is_branch)
         now = {"main": sum(owned_bytes(p) for p in rest),
                "branch": sum(owned_bytes(p) for p in branch)}
+        # the phase when the sample ends: a sample that spans a phase change may have read memory
+        # of the new phase, so it must not count for the old one
+        label = self.phase()
         now["total"] = now["main"] + now["branch"]
         peak = self.peaks.setdefault(label, {"main": 0, "branch": 0, "total": 0})
         for k, v in now.items():

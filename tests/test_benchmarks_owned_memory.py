@@ -80,21 +80,38 @@ def test_split_sampler_counts_a_marked_child_apart_from_the_rest():
     from benchmarks.owned_memory import SplitMemorySampler, command_line
 
     marker = "held_by_the_branch_child"
+    # the child says when its memory is touched and holds it until killed; every wait below is
+    # on what the sampler has seen, with a deadline, not a fixed sleep (flaky under load)
     child = subprocess.Popen([sys.executable, "-c", f"{marker} = 1; " + HOLD.format(n=120 * MB)
-                              .replace("time.sleep(1.0)", "time.sleep(3.0)")])
+                              .replace("time.sleep(1.0)", "print('ready', flush=True); time.sleep(120)")],
+                             stdout=subprocess.PIPE, text=True)
     phase = {"now": "before"}
-    sampler = SplitMemorySampler(os.getpid(), lambda pid: marker in command_line(pid),
-                                 phase=lambda: phase["now"], interval_s=0.05).start()
+    sampler = None
+
+    def wait_for(seen, what):
+        deadline = time.monotonic() + 60
+        while not seen():
+            assert time.monotonic() < deadline, f"the sampler never saw {what}"
+            time.sleep(0.05)
+
     try:
-        time.sleep(1.0)
+        assert child.stdout.readline().strip() == "ready"
+        sampler = SplitMemorySampler(os.getpid(), lambda pid: marker in command_line(pid),
+                                     phase=lambda: phase["now"], interval_s=0.05).start()
+        wait_for(lambda: sampler.peaks.get("before", {}).get("branch", 0) > 120 * MB,
+                 "the child's 120 MB")
         phase["now"] = "after"
         big = bytearray(80 * MB)
         big[::4096] = b"x" * len(big[::4096])
-        time.sleep(0.5)
+        base = sampler.peaks["before"]["main"]
+        wait_for(lambda: sampler.peaks.get("after", {}).get("main", 0) - base > 70 * MB,
+                 "this process's new 80 MB")
     finally:
-        sampler.stop()
+        if sampler is not None:
+            sampler.stop()
         child.kill()
         child.wait()
+        child.stdout.close()
     before, after = sampler.peaks["before"], sampler.peaks["after"]
     assert 120 * MB < before["branch"] < 150 * MB and after["branch"] > 120 * MB
     assert after["main"] - before["main"] > 70 * MB  # this process's new 80 MB, not the child's
