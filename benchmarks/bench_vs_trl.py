@@ -68,7 +68,9 @@ def summarise(results: list, sides: list) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sides", default="trl,gspo,gspo_overlap")
+    p.add_argument("--sides", default=None,
+                   help="comma-separated (default trl,gspo,gspo_overlap; --sweep: "
+                        "trl,gspo,gspo_learner_lp,gspo_overlap)")
     p.add_argument("--rounds", type=int, default=None,
                    help="interleaved repeats of every side (default 3; --sweep: of each side's winner)")
     p.add_argument("--steps", type=int, default=None, help="RL steps per run (default 10; --sweep: 6)")
@@ -103,9 +105,11 @@ def main(argv=None) -> int:
     args.rounds = args.rounds or 3
     if args.sweep:
         sys.path.insert(0, str(Path(__file__).parent))
-        from bench_vs_trl_sweep import run_sweep
+        from bench_vs_trl_sweep import DEFAULTS, run_sweep
 
+        args.sides = args.sides or DEFAULTS["sides"]
         return run_sweep(args)
+    args.sides = args.sides or "trl,gspo,gspo_overlap"
     args.prompts = 8 * args.batch_scale
     sides = [s for s in args.sides.split(",") if s]
     unknown = [s for s in sides if s != "trl" and s not in GSPO_SIDES]

@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 _PROC = Path("/proc")
 
@@ -160,13 +160,22 @@ class MeasuredRun:
 
 def run_measured(cmd: Sequence[str], env: Optional[Mapping[str, str]] = None,
                  cwd: Optional[str] = None, timeout_s: Optional[float] = None,
-                 interval_s: float = 0.1, capture: bool = True) -> MeasuredRun:
+                 interval_s: float = 0.1, capture: bool = True,
+                 log_path: Optional[str] = None) -> MeasuredRun:
     """Run ``cmd`` to its end, sampling its process tree; a timeout kills the process (its
-    own children, e.g. torchrun's ranks, end with it) and raises ``subprocess.TimeoutExpired``."""
+    own children, e.g. torchrun's ranks, end with it) and raises ``subprocess.TimeoutExpired``.
+    ``log_path``: stdout and stderr go to that file instead of a pipe (``output`` is then its
+    text) — for commands that leave a daemon holding their output open (torch's
+    ``torch_shm_manager`` lives as long as another process maps its shared memory), where
+    waiting for the pipe to close would wait for that daemon."""
     start = time.monotonic()
+    log_file = open(log_path, "w") if log_path else None
+    out = log_file or (subprocess.PIPE if capture else None)
     proc = subprocess.Popen(list(cmd), env=dict(env) if env is not None else None, cwd=cwd,
-                            stdout=subprocess.PIPE if capture else None,
-                            stderr=subprocess.STDOUT if capture else None, text=True)
+                            stdout=out, stderr=subprocess.STDOUT if (capture or log_file) else None,
+                            text=True)
+    if log_file is not None:
+        log_file.close()  # the child holds its own descriptor
     sampler = OwnedMemorySampler(proc.pid, interval_s).start()
     try:
         output, _ = proc.communicate(timeout=timeout_s)
@@ -176,5 +185,93 @@ def run_measured(cmd: Sequence[str], env: Optional[Mapping[str, str]] = None,
         raise
     finally:
         sampler.stop()
+    if log_path:
+        with open(log_path, errors="replace") as f:
+            output = f.read()
     return MeasuredRun(proc.returncode, time.monotonic() - start, sampler.peak_bytes,
                        sampler.peak_by_name, sampler.num_samples, output or "")
+
+
+def split_tree(root: int, is_branch: Callable[[int], bool]) -> Tuple[List[int], List[int]]:
+    """``root``'s tree cut in two: the processes at or under one for which ``is_branch(pid)``
+    holds (e.g. a server the command started), and all the others."""
+    children: Dict[int, List[int]] = {}
+    for pid, parent in _parents().items():
+        children.setdefault(parent, []).append(pid)
+    rest, branch = [], []
+    todo = [(root, False)]
+    while todo:
+        pid, inside = todo.pop()
+        inside = inside or (pid != root and is_branch(pid))
+        (branch if inside else rest).append(pid)
+        todo.extend((c, inside) for c in children.get(pid, []))
+    return rest, branch
+
+
+def command_line(pid: int) -> str:
+    """The whole command line of ``pid`` ('' once it has exited)."""
+    try:
+        return (_PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+            errors="replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return ""
+
+
+class SplitMemorySampler:
+    """Owned bytes of a command's tree in two parts (``split_tree``), sampled every
+    ``interval_s``, each part's peak kept per phase: ``phase()`` is asked at every sample (say,
+    the rows a run has logged so far) and names the phase the sample belongs to.
+
+    ``peaks[phase]`` = ``{"main": bytes, "branch": bytes, "total": bytes}``, each the largest
+    seen in that phase (the three need not come from one sample)."""
+
+    def __init__(self, root: int, is_branch: Callable[[int], bool],
+                 phase: Callable[[], str] = lambda: "run", interval_s: float = 0.1) -> None:
+        self.root, self.is_branch, self.phase, self.interval_s = root, is_branch, phase, interval_s
+        self.peaks: Dict[str, Dict[str, int]] = {}
+        self.num_samples = 0
+        self._branch_pids: set = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="split-memory", daemon=True)
+
+    def _is_branch(self, pid: int) -> bool:
+        if pid in self._branch_pids:
+            return True
+        if self.is_branch(pid):
+            self._branch_pids.add(pid)
+            return True
+        return False
+
+    def sample(self) -> Dict[str, int]:
+        """One sample; returns ``{"main", "branch", "total"}`` bytes now."""
+        rest, branch = split_tree(self.root, self._is_branch)
+        now = {"main": sum(owned_bytes(p) for p in rest),
+               "branch": sum(owned_bytes(p) for p in branch)}
+        # the phase when the sample ends: a sample that spans a phase change may have read memory
+        # of the new phase, so it must not count for the old one
+        label = self.phase()
+        now["total"] = now["main"] + now["branch"]
+        peak = self.peaks.setdefault(label, {"main": 0, "branch": 0, "total": 0})
+        for k, v in now.items():
+            peak[k] = max(peak[k], v)
+        self.num_samples += 1
+        return now
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            start = time.monotonic()
+            self.sample()
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - start)))
+
+    def start(self) -> "SplitMemorySampler":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def overall(self, phases: Optional[Sequence[str]] = None) -> Dict[str, int]:
+        """The largest of each part over ``phases`` (default: all)."""
+        chosen = [v for k, v in self.peaks.items() if phases is None or k in phases]
+        return {k: max((p[k] for p in chosen), default=0) for k in ("main", "branch", "total")}

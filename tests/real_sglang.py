@@ -13,15 +13,21 @@ when it needs it (``SpareServers`` does that for a module's tests). Each launch
 also leaves a ``/dev/shm/sglang_loads_*.shm`` file; the server's own, the ones its processes map
 or hold open, are removed with it (never another server's that started meanwhile: a suite or a
 tool running beside this one on the same machine keeps its files).
+
+:func:`left_state` reads what a trainer may leave on a server (paused, a weight-update session,
+broadcast groups) without changing it.
 """
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import os
+import re
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Set
 
@@ -29,6 +35,8 @@ import requests
 
 from gspo_megatron.config.schema import SGLangConfig
 from gspo_megatron.distributed.runtime import free_port
+from gspo_megatron.rollout.sglang import api
+from gspo_megatron.rollout.sglang.client import SGLangServerClient
 from gspo_megatron.rollout.sglang.launcher import sglang_server_command, sglang_server_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -218,6 +226,53 @@ def no_later_test_uses(items: list, item, fixture: str) -> bool:
     ``fixture``: then ``item`` may end the server that fixture holds."""
     return not any(later.module is item.module and fixture in later.fixturenames
                    for later in items[items.index(item) + 1:])
+
+
+@dataclass
+class LeftState:
+    """What a trainer may leave on a real server, read without changing it (:func:`left_state`)."""
+
+    paused: bool
+    """``/ready`` answers 503: generation is paused (``tokenizer_manager.is_ready``)."""
+    session: bool
+    """A weight-update session is open (``/begin_weight_update`` refused: "already open")."""
+    groups: List[str]
+    """The names of the weight-update groups the server holds."""
+
+
+NO_SUCH_GROUP = "left-state-probe"
+
+
+def left_state(address: str) -> LeftState:
+    """Whether the server is paused, inside a weight-update session, and which broadcast groups
+    it holds. SGLang 0.5.23 lists its groups nowhere: they live in a dict by name
+    (``srt/model_executor/model_runner_components/weight_updater.py``, ``_model_update_group``),
+    and ``receive_weights_from_distributed`` asserts the group is in it with a message that names
+    every key ("Group X not in [...]"), which ``srt/managers/scheduler_components/
+    weight_updater.py`` returns as the refusal of ``/update_weights_from_distributed`` (inside a
+    session; outside one it refuses earlier). So: a session is opened (unless one is, which is
+    the answer to the second question), a bucket for a group that does not exist is sent (refused
+    before anything is received or loaded), and the session is closed again if opened here."""
+    client = SGLangServerClient(address, 30.0, 30.0, keys=None)
+    paused = not client.ready()
+    try:
+        client.begin_weight_update()
+        session = False
+    except api.ServerRefused as exc:
+        assert "already open" in exc.message, exc
+        session = True
+    try:
+        client.update_weights_from_distributed(api.update_distributed_payload(
+            ["probe"], ["float32"], [[1]], NO_SUCH_GROUP))
+        raise AssertionError(f"{address} took a bucket for the group {NO_SUCH_GROUP!r}")
+    except api.ServerRefused as exc:
+        listed = re.search(rf"Group {NO_SUCH_GROUP} not in (\[.*?\])", exc.message)
+        assert listed, exc
+        groups = ast.literal_eval(listed.group(1))
+    finally:
+        if not session:
+            client.end_weight_update()
+    return LeftState(paused, session, groups)
 
 
 def _healthy(server: RealServer, timeout_s: float = 30.0) -> bool:

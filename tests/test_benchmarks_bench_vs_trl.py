@@ -42,3 +42,22 @@ def test_summary_ratio_is_trl_step_time_over_ours():
             for s, t in [("trl", 1.0), ("trl", 1.2), ("gspo", 0.5), ("gspo", 0.7)]]
     table = bench_vs_trl.summarise(rows, ["trl", "gspo"])
     assert "| trl | 1.100 |" in table and table.rstrip().endswith("1.83x |")
+
+
+def test_the_sweep_gets_its_own_default_sides(monkeypatch):
+    """--sweep without --sides runs the sweep's sides (both pi_old sources next to TRL), not the
+    single-shape mode's default (a first sweep lost the learner side that way)."""
+    from benchmarks import bench_vs_trl_sweep
+
+    seen = {}
+    fake = SimpleNamespace(DEFAULTS=bench_vs_trl_sweep.DEFAULTS,
+                           run_sweep=lambda args: seen.setdefault("sides", args.sides) and 0)
+    import sys
+
+    monkeypatch.setitem(sys.modules, "bench_vs_trl_sweep", fake)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # main() puts benchmarks/ on it
+    assert bench_vs_trl.main(["--sweep"]) == 0
+    assert seen["sides"] == "trl,gspo,gspo_learner_lp,gspo_overlap"
+    seen.clear()
+    bench_vs_trl.main(["--sweep", "--sides", "trl,gspo"])
+    assert seen["sides"] == "trl,gspo"

@@ -51,3 +51,68 @@ def test_process_tree_and_owned_bytes_of_this_process():
 def test_timeout_stops_the_command():
     with pytest.raises(subprocess.TimeoutExpired):
         run_measured([sys.executable, "-c", "import time; time.sleep(30)"], timeout_s=1)
+
+
+def test_a_daemon_left_holding_the_output_does_not_hold_the_run(tmp_path):
+    """torch's torch_shm_manager outlives the ranks that start it while another process maps
+    its shared memory, holding their stdout: a run that logs to a file ends with its command."""
+    import os
+    import signal
+    import time
+
+    script = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', "
+              "'import time; time.sleep(30)']); print('daemon', p.pid, flush=True)")
+    t0 = time.monotonic()
+    run = run_measured([sys.executable, "-c", script], log_path=str(tmp_path / "out.log"),
+                       timeout_s=20)
+    took = time.monotonic() - t0
+    pid = int(run.output.split()[1])
+    try:
+        assert run.returncode == 0 and run.output.startswith("daemon ")
+        assert took < 15, took  # a pipe would have waited for the daemon's 30 s
+    finally:
+        os.kill(pid, signal.SIGKILL)
+
+def test_split_sampler_counts_a_marked_child_apart_from_the_rest():
+    import os
+    import time
+
+    from benchmarks.owned_memory import SplitMemorySampler, command_line
+
+    marker = "held_by_the_branch_child"
+    # the child says when its memory is touched and holds it until killed; every wait below is
+    # on what the sampler has seen, with a deadline, not a fixed sleep (flaky under load)
+    child = subprocess.Popen([sys.executable, "-c", f"{marker} = 1; " + HOLD.format(n=120 * MB)
+                              .replace("time.sleep(1.0)", "print('ready', flush=True); time.sleep(120)")],
+                             stdout=subprocess.PIPE, text=True)
+    phase = {"now": "before"}
+    sampler = None
+
+    def wait_for(seen, what):
+        deadline = time.monotonic() + 60
+        while not seen():
+            assert time.monotonic() < deadline, f"the sampler never saw {what}"
+            time.sleep(0.05)
+
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        sampler = SplitMemorySampler(os.getpid(), lambda pid: marker in command_line(pid),
+                                     phase=lambda: phase["now"], interval_s=0.05).start()
+        wait_for(lambda: sampler.peaks.get("before", {}).get("branch", 0) > 120 * MB,
+                 "the child's 120 MB")
+        phase["now"] = "after"
+        big = bytearray(80 * MB)
+        big[::4096] = b"x" * len(big[::4096])
+        base = sampler.peaks["before"]["main"]
+        wait_for(lambda: sampler.peaks.get("after", {}).get("main", 0) - base > 70 * MB,
+                 "this process's new 80 MB")
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        child.kill()
+        child.wait()
+        child.stdout.close()
+    before, after = sampler.peaks["before"], sampler.peaks["after"]
+    assert 120 * MB < before["branch"] < 150 * MB and after["branch"] > 120 * MB
+    assert after["main"] - before["main"] > 70 * MB  # this process's new 80 MB, not the child's
+    assert sampler.overall()["total"] >= after["main"] + 120 * MB

@@ -28,7 +28,7 @@ def _gather(rank: int, hf_dir: str, layout: dict) -> dict:
 
     from gspo_megatron.checkpoint.convert import (build_model_chunks, fill_from_hf,
                                                   model_config_for_hf_dir)
-    from gspo_megatron.checkpoint.gather import Layout, iter_hf_buckets
+    from gspo_megatron.checkpoint.gather import Layout, ReusedBuffers, iter_hf_buckets, new_buffer
     from gspo_megatron.checkpoint.hf_io import HFCheckpointReader
     from gspo_megatron.model.provider import padded_vocab_size
 
@@ -40,9 +40,11 @@ def _gather(rank: int, hf_dir: str, layout: dict) -> dict:
                  padded_vocab_size(cfg.vocab_size, cfg.make_vocab_size_divisible_by, parallel.tp),
                  log_every=0)
     out = {"layout": Layout.current(cfg), "pp_rank": ps.get_pipeline_model_parallel_rank()}
-    for dst in ("rank0", "stage"):
+    for dst in ("rank0", "stage", "reused"):  # reused: weight sync's buffers, dst rank0
         got, buckets = {}, 0
-        for bucket in iter_hf_buckets(chunks, cfg, bucket_bytes=6 * 1024, dst=dst):
+        alloc = ReusedBuffers() if dst == "reused" else new_buffer
+        for bucket in iter_hf_buckets(chunks, cfg, bucket_bytes=6 * 1024,
+                                      dst="rank0" if dst == "reused" else dst, alloc=alloc):
             buckets += 1
             assert len({t.dtype for _, t in bucket}) == 1
             for name, t in bucket:
@@ -69,6 +71,9 @@ def test_staged_bucketed_gather_is_exact(tmp_path, world_size, layout):
     on_rank0 = results[0]["rank0"]
     assert sorted(on_rank0) == sorted(original)
     assert [k for k in original if not torch.equal(original[k], on_rank0[k])] == []
+    reused = results[0]["reused"]  # each bucket received where the one before it was
+    assert sorted(reused) == sorted(original)
+    assert [k for k in original if not torch.equal(original[k], reused[k])] == []
     assert all(r["rank0"] == {} for r in results[1:])
     assert results[0]["rank0_buckets"] > 5  # bucketed, not one collective per tensor
     leaders = [r for r in results if r["layout"].is_leader]
@@ -86,3 +91,26 @@ def test_staged_bucketed_gather_is_exact(tmp_path, world_size, layout):
         assert seen["model.embed_tokens.weight"] == 0 and seen["lm_head.weight"] == 1
         assert seen["model.layers.0.mlp.experts.3.down_proj.weight"] == 0
         assert seen["model.layers.1.self_attn.q_proj.weight"] == 1
+
+
+def test_reused_buffers_keep_one_buffer_per_role_and_grow_when_needed():
+    from gspo_megatron.checkpoint.gather import ReusedBuffers
+
+    made = []
+
+    def new(role, num_bytes, device):
+        made.append((role, num_bytes))
+        return torch.empty(num_bytes, dtype=torch.uint8, device=device)
+
+    buffers = ReusedBuffers(new)
+    first = buffers("received", 100, "cpu")
+    again = buffers("received", 60, "cpu")  # a smaller bucket: a view of the same memory
+    assert again.data_ptr() == first.data_ptr() and again.numel() == 60
+    other = buffers("staging", 50, "cpu")  # alive beside "received": its own buffer
+    assert other.data_ptr() != first.data_ptr()
+    grown = buffers("received", 150, "cpu")
+    assert grown.numel() == 150 and buffers("received", 100, "cpu").data_ptr() == grown.data_ptr()
+    assert made == [("received", 100), ("staging", 50), ("received", 150)]
+    buffers.release()
+    buffers("received", 10, "cpu")
+    assert made[-1] == ("received", 10)  # released: the next update allocates again

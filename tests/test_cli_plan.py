@@ -61,3 +61,32 @@ def test_json_output_and_bad_input():
     assert bad.returncode == 2 and "--doc README.md: no section marked" in bad.stderr
     bad = _run("configs/qwen3_30b_a3b_gspo.yaml", "plan.truncated_frac=0.9")
     assert bad.returncode == 2 and "plan.truncated_frac" in bad.stderr
+
+
+def test_host_mode_predicts_each_process_and_what_the_freeze_saves():
+    cfg = "configs/qwen3_30b_a3b_1layer_cpu.yaml"
+    frozen_run = _run(cfg, "--host", "--host-memory", "24GiB", "--json")
+    assert frozen_run.returncode == 0, frozen_run.stderr
+    frozen = json.loads(frozen_run.stdout)["host"]
+    full = json.loads(_run(cfg, "optimizer.freeze=[]", "--host", "--host-memory", "24GiB",
+                           "--json").stdout)["host"]
+    assert frozen["learner"]["moment"] == full["learner"]["moment"] == "training"
+    embedding = 151936 * 2048  # the vocabulary is a multiple of 128: no padding at TP1
+    # 16 bytes per frozen parameter (fp32 grad 4, main weight 4, Adam moments 8), and the
+    # output layer's CPU weight-gradient copy (bf16 2 + fp32 4) that a frozen layer never makes
+    saved = full["learner"]["peak_bytes"] - frozen["learner"]["peak_bytes"]
+    assert saved == pytest.approx(2 * embedding * 16 + embedding * 6, rel=1e-9)
+    assert frozen["fits"] and not full["fits"]
+    saving = json.loads(_run(cfg, "checkpoint.save_final=true", "--host", "--host-memory", "24GiB",
+                             "--json").stdout)["host"]["learner"]
+    trained = 1.2457e9 - 2 * embedding  # the optimizer's save gathers 12 bytes of each
+    assert saving["moment"] == "checkpoint save"
+    assert saving["peak_bytes"] - frozen["learner"]["peak_bytes"] > 12 * trained * 0.9
+    server = {t["name"]: t["bytes"] for t in frozen["server"]["terms"]}
+    assert server["weights (bf16)"] == pytest.approx(2 * 1.2457e9, rel=1e-3)
+    assert server["KV pool"] == 4096 * 1 * 4 * 2 * 128 * 2  # max_total_tokens x layers x kv x K,V
+    text = _run(cfg, "--host", "--host-memory", "24GiB").stdout
+    assert "learner rank x 1, peak at training" in text and "SGLang CPU server x 1" in text
+    assert "of 24.00 GiB: fits" in text
+    bad = _run("configs/qwen3_30b_a3b_gspo.yaml", "--host")
+    assert bad.returncode == 2 and "--host: plans a CPU run" in bad.stderr

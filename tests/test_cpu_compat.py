@@ -95,6 +95,20 @@ import megatron.core.transformer.moe.moe_utils as mu
 assert mu.te_general_gemm is None
 from torch.overrides import _get_current_function_mode_stack
 assert not _get_current_function_mode_stack(), "no per-call torch function mode"
+from torch.utils._python_dispatch import TorchDispatchMode
+from megatron.core.tensor_parallel.layers import LinearWithFrozenWeight
+ops = []
+class Ops(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+w = torch.randn(6, 4)
+x = torch.randn(3, 2, 4, requires_grad=True)
+g = torch.randn(2, 3, 6).transpose(0, 1)  # the output layer's gradient: transposed logits
+with Ops():
+    LinearWithFrozenWeight.apply(x, w, None, False, None).backward(g)
+assert "bmm" not in ops and "mm" in ops, ops  # one GEMM, no broadcast copies of the weight
+assert torch.allclose(x.grad, torch.einsum("sbv,vh->sbh", g, w), atol=1e-6)
 print("ok")
 """
     from gspo_megatron.distributed.runtime import free_port

@@ -116,7 +116,8 @@ def test_claims_without_their_variants_say_so(tmp_path):
     doc = " ".join(_render(tmp_path, variants=("grpo", "grpo_replay")).split())
     assert doc.count("*Not measured here: needs the gspo_learner runs.*") == 4
     assert "| grpo |" in doc and "| gspo_learner |" not in doc
-    assert len(SECTIONS) == 11 and doc.startswith("# The GSPO paper's")
+    assert len(SECTIONS) == 12 and doc.startswith("# The GSPO paper's")
+    assert "volatility_vs_experts: begin" in doc and "*Not measured yet:" in doc  # its markers
     assert "Not measured here: needs the grpo_bf16, grpo_replay_bf16, grpo_r3, grpo_r3_bf16 runs" in doc
 
 
@@ -198,3 +199,21 @@ def test_claim_three_quotes_the_depth_runs_and_their_trend(tmp_path):
     doc = " ".join(render(rep, DocInfo("cmd", "figures/d.png", depth_out=flat)).split())
     assert "16 layers 1.5% (1.2-1.8)" in doc and "[volatility_vs_depth.md](volatility_vs_depth.md)" in doc
     assert "Depth was not measured for this document" in " ".join(render(rep, DOC).split())
+
+
+def test_rewriting_the_document_keeps_the_expert_count_section(tmp_path):
+    from gspo_megatron.experiments import paper_experts as pe
+
+    write_reproduction(tmp_path)
+    figure = tmp_path / "fig.png"
+    figure.write_bytes(b"png")
+    doc = tmp_path / "docs" / "paper.md"
+    doc.parent.mkdir()
+    rows = [{"step": 1, pe.ACTIVATED: 0.05, pe.TOPK_SET: 0.2, "time/step_s": 9.0}]
+    kept = pe.section([pe.point_from_rows(128, 8, rows)], {
+        "command": "cmd", "date": "d", "cpus": 2, "load": "1", "code": "c", "what": "w"})
+    doc.write_text("an older version\n\n" + kept + "\n\nof the document\n")
+    write_doc(tmp_path, BASE, SEEDS, doc, figure, "x")
+    text = doc.read_text()
+    assert kept in text and "an older version" not in text
+    assert text.index(kept) < text.index("## Routing replay from the rollout engine (R3)")

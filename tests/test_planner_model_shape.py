@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gspo_megatron.config import load_config
+from gspo_megatron.config.freeze import FREEZE_GROUPS, parameter_group
 from gspo_megatron.config.schema import ModelConfig, ParallelConfig
 from gspo_megatron.planner.model_shape import Layout, ModelShape, ParamCounts
 from tests.multiproc import run_on_ranks
@@ -40,7 +41,11 @@ def _built_counts(rank: int, cases: list) -> dict:
         chunk = build_model_chunks(cfg, parallel)[0]
         dense = sum(p.numel() for n, p in chunk.named_parameters() if ".experts." not in n)
         expert = sum(p.numel() for n, p in chunk.named_parameters() if ".experts." in n)
-        out[(model_name, layout_name)] = (ps.get_pipeline_model_parallel_rank(), dense, expert)
+        groups: dict = {}
+        for n, p in chunk.named_parameters():
+            groups[parameter_group(n)] = groups.get(parameter_group(n), 0) + p.numel()
+        out[(model_name, layout_name)] = (ps.get_pipeline_model_parallel_rank(), dense, expert,
+                                          groups)
     return out
 
 
@@ -50,11 +55,25 @@ def test_counts_equal_the_models_megatron_builds():
              if MODELS[m]["num_experts"] or lay in ("tp2", "pp2_uneven")]
     results = run_on_ranks(_built_counts, world_size=2, timeout_s=600, cases=cases)
     for rank_result in results:
-        for (model_name, layout_name), (stage, dense, expert) in rank_result.items():
+        for (model_name, layout_name), (stage, dense, expert, groups) in rank_result.items():
             shape = ModelShape.from_model_config(ModelConfig(**MODELS[model_name]))
             layout = Layout.from_parallel_config(ParallelConfig(**LAYOUTS[layout_name]), 2)
             counts = ParamCounts.for_stage(shape, layout, stage)
             assert (counts.dense, counts.expert) == (dense, expert), (model_name, layout_name)
+            for group in FREEZE_GROUPS:  # optimizer.freeze: each group's count is exact too
+                one = ParamCounts.for_stage(shape, layout, stage, frozen=[group])
+                assert one.frozen_dense + one.frozen_expert == groups.get(group, 0), \
+                    (model_name, layout_name, group)
+
+
+def test_frozen_groups_partition_the_model():
+    shape = ModelShape.from_model_config(ModelConfig(**MODELS["moe"]))
+    all_frozen = ParamCounts.for_stage(shape, Layout(), 0, frozen=FREEZE_GROUPS)
+    assert all_frozen.trainable == 0 and all_frozen.frozen_expert == all_frozen.expert
+    parts = [ParamCounts.for_stage(shape, Layout(), 0, frozen=[g]) for g in FREEZE_GROUPS]
+    assert sum(p.total - p.trainable for p in parts) == all_frozen.total
+    embedding = ParamCounts.for_stage(shape, Layout(), 0, frozen=["embedding", "output_layer"])
+    assert embedding.total - embedding.trainable == 2 * 96 * 32 and embedding.frozen_expert == 0
 
 
 def test_single_process_counts_are_the_whole_model():

@@ -4,6 +4,7 @@ rollout."""
 
 import dataclasses
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -202,8 +203,35 @@ def test_a_background_rollout_past_its_deadline_is_named_not_waited_for():
     release = threading.Event()
     job = _Background(lambda: release.wait(10) and "done", name="rollout-7")
     try:
-        with pytest.raises(RolloutTimeout, match="rollout-7 did not finish within 0s"):
+        with pytest.raises(RolloutTimeout, match="rollout-7 did not finish within 0.2s"):
             job.result(timeout_s=0.2)
     finally:
         release.set()
     assert job.result(timeout_s=5) == "done"
+
+
+def test_wait_idle_on_a_wedged_background_rollout_ends_at_its_deadline(caplog):
+    """Issue 41 item 3: ``wait_idle`` (before an evaluation, a serial probe step, the run's end)
+    waits at most the engine's stall deadline, then names the rollout and the deadline; ``close``
+    after an error logs it instead of raising it over the run's own error."""
+    release = threading.Event()
+
+    def produce(step):
+        assert release.wait(30)
+        return _rollout(step)
+
+    pipe = RolloutPipeline(produce, _prepare_with(FakeLearner()), FakeLearner(), FakeSampler(),
+                           is_main=True, world_size=1, overlap=True, learner_logprobs=False,
+                           wait_timeout_s=0.5)
+    pipe.submit(3, trained_steps=1)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(rp.RolloutTimeout, match=r"rollout-3 did not finish within 0\.5s"):
+            pipe.wait_idle()
+        assert 0.5 <= time.monotonic() - t0 < 5
+        pipe.close()  # logged, not raised
+        assert "rollout-3 did not finish within 0.5s" in caplog.text
+    finally:
+        release.set()
+    pipe.wait_idle()  # it finished once released: the result is kept for take
+    assert pipe.take(3).policy_lag == 1

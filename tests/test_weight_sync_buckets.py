@@ -48,3 +48,26 @@ def test_bad_limits_and_duplicate_names():
     with pytest.raises(ValueError, match="'a' appears twice"):
         list(iter_buckets([("a", torch.zeros(1)), ("a", torch.zeros(1))], 100))
     assert list(iter_buckets([], 10)) == []
+
+
+def test_a_bucket_already_back_to_back_goes_on_the_wire_without_a_copy():
+    from gspo_megatron.weight_sync.buckets import Bucket
+
+    whole = torch.arange(40, dtype=torch.bfloat16)  # a gathered bucket: HF tensors are its views
+    run = [("a", whole[:12].view(3, 4)), ("b", whole[12:20]), ("c", whole[20:40].view(4, 5))]
+    wire = Bucket.from_items(run).wire_bytes()
+    assert wire.data_ptr() == whole.data_ptr() and wire.numel() == 80  # a view, every byte
+    assert torch.equal(wire, Bucket.from_items(run).flatten())
+    offset = Bucket.from_items(run[1:]).wire_bytes()  # starting inside the storage
+    assert offset.data_ptr() == whole[12:].data_ptr() and offset.numel() == 56
+    not_one_run = {
+        "a gap": [run[0], run[2]],
+        "out of order": [run[1], run[0]],
+        "another storage": [run[0], ("d", torch.ones(8, dtype=torch.bfloat16))],
+        "not contiguous": [("t", whole[:20].view(4, 5).t())],
+    }
+    for why, items in not_one_run.items():
+        assert flat_bucket.contiguous_bytes([t for _, t in items]) is None, why
+        wire = Bucket.from_items(items).wire_bytes()  # a copy, the same bytes
+        assert torch.equal(wire, Bucket.from_items(items).flatten()), why
+        assert not any(wire.data_ptr() == t.data_ptr() for _, t in items), why

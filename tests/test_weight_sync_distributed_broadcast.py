@@ -11,6 +11,7 @@ bucket, no server stays paused, in a session or inside the broadcast, and the ne
 
 import json
 import sys
+import threading
 import time
 
 import pytest
@@ -165,3 +166,102 @@ def test_a_server_that_refuses_the_nth_bucket_ends_the_update_cleanly(tmp_path):
         assert all(p.process.poll() is None for p in launcher.servers)
     finally:
         eng.shutdown()
+
+
+def test_a_killed_trainers_recorded_group_is_destroyed_by_the_next_one(tmp_path, caplog):
+    """A trainer killed while its group exists never destroys it, and a server keeps a group
+    until told to (SGLang's ``_model_update_group``). With the run's ``record_dir`` the next
+    trainer finds the recorded name and destroys that group on the server before forming its own;
+    a clean close removes the record. The first transport is abandoned unclosed, as a kill would."""
+    torch.set_num_threads(1)
+    save_tiny_model(*build_tiny_policy(seed=0), str(tmp_path / "m"))
+    launcher = ServerLauncher(str(tmp_path / "logs"), env={"OMP_NUM_THREADS": "1"})
+    port = free_port()
+    launcher.start(reference_server_command(str(tmp_path / "m"), port, python=sys.executable),
+                   f"127.0.0.1:{port}")
+    eng = SGLangEngine(launcher.addresses, request_timeout_s=60, launcher=launcher)
+    record = tmp_path / "run" / "weight_sync_group.txt"
+    dead = BroadcastTransport(48 * 1024, master_address="127.0.0.1", backend="gloo", timeout_s=60,
+                              record_dir=str(tmp_path / "run"))
+    resumed = BroadcastTransport(48 * 1024, master_address="127.0.0.1", backend="gloo",
+                                 timeout_s=60, record_dir=str(tmp_path / "run"))
+    client = SGLangServerClient(launcher.addresses[0], 30, 30)
+    try:
+        eng.wait_healthy(timeout_s=180)
+        dead.connect(launcher.addresses)
+        assert record.read_text().strip() == dead.group_name
+        resumed.connect(launcher.addresses)
+        assert f"destroyed weight-update group {dead.group_name}" in caplog.text
+        assert record.read_text().strip() == resumed.group_name
+        with pytest.raises(api.ServerRefused, match="does not exist"):  # gone from the server
+            client.destroy_weights_update_group(dead.group_name)
+        resumed.close()
+        assert not record.exists()
+        with pytest.raises(api.ServerRefused, match="does not exist"):
+            client.destroy_weights_update_group(resumed.group_name)
+    finally:
+        resumed.close()
+        dead.close()  # only its process-local half is left (the server refuses, logged)
+        eng.shutdown()
+
+
+class _WedgedPeer:
+    """A fake server whose ``/init_weights_update_group`` never answers (``answer=False``) or
+    answers success without joining the group (``answer=True``); other calls answer success."""
+
+    def __init__(self, answer: bool) -> None:
+        import http.server
+
+        release = self.release = threading.Event()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path == api.INIT_GROUP and not answer:
+                    release.wait(30)  # wedged until the test ends; the client is gone by then
+                    return
+                data = b'{"success": true, "message": "ok"}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="wedged-peer")
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(10)
+
+
+@pytest.mark.parametrize("answer", [False, True], ids=["init_never_answers", "answers_never_joins"])
+def test_a_wedged_peer_fails_the_group_at_its_deadline_naming_it(answer):
+    """Issue 41 item 3: a server that takes ``/init_weights_update_group`` and never answers, or
+    answers without ever joining, ends the group's formation with one error naming it and the
+    deadline, within the deadline (3 s here; ``timeout_s``, 600 s by default)."""
+    before = set(threading.enumerate())
+    peer = _WedgedPeer(answer)
+    transport = BroadcastTransport(48 * 1024, master_address="127.0.0.1", backend="gloo",
+                                   timeout_s=3.0)
+    try:
+        t0 = time.monotonic()
+        why = "answered but did not join" if answer else "did not answer /init_weights_update_group"
+        with pytest.raises(TimeoutError, match=rf"not formed within the deadline of 3s: "
+                                               rf"\['{peer.address}'\] {why}"):
+            transport.connect([peer.address])
+        assert time.monotonic() - t0 < 3.0 + 1.5
+    finally:
+        transport.close()
+        peer.stop()
+    deadline = time.monotonic() + 5  # what it started ends by its own deadline (rank 0's store)
+    while set(threading.enumerate()) - before:
+        assert time.monotonic() < deadline, set(threading.enumerate()) - before
+        time.sleep(0.05)

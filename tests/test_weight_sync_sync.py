@@ -133,3 +133,27 @@ def test_a_lost_bucket_is_named_cancelled_and_ends_the_job_with_exit_5(reason, w
         assert code == EXIT_ROLLOUT
     else:
         assert code == EXIT_CONFIG
+
+
+class Profiled(Sink):
+    """A transport that splits its send into two timed parts, as the real ones do."""
+
+    def send_bucket(self, bucket, weight_version=None):
+        from gspo_megatron.weight_sync.sync import timed
+
+        with timed(self.profile, "pack"):
+            super().send_bucket(bucket, weight_version)
+        self.profile["reply"] = self.profile.get("reply", 0.0) + 0.25
+
+
+def test_each_update_is_profiled_by_phase_and_by_the_transports_own_parts():
+    eng = Recorder()
+    eng.attach_weight_transport(Profiled(eng))
+    first = eng.update_weights(iter(TENSORS), "v1").phases
+    for key in ("gather", "check", "send", "finish", "pack", "connect"):
+        assert first[f"weight_sync/{key}_s"] >= 0.0, key
+    assert first["weight_sync/reply_s"] == 0.75  # 3 buckets, added up
+    assert first["weight_sync/send_s"] <= first["weight_sync/transfer_s"]
+    second = eng.update_weights(iter(TENSORS[:1]), "v2").phases
+    assert second["weight_sync/reply_s"] == 0.25  # reset at every update
+    assert "weight_sync/connect_s" not in second  # same members: no group formed

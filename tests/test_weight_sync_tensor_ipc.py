@@ -54,3 +54,36 @@ def test_one_blob_per_server_tp_rank_and_the_version_on_every_bucket():
                              "flush_cache": False, "weight_version": "v3"}]
     with pytest.raises(ValueError, match="TP size"):
         CudaIpcTransport(None, 10, tp_size=0)
+
+
+def test_on_cpu_each_bucket_is_copied_at_most_once_into_shared_memory():
+    """A bucket the gather received into shared memory goes by handle as it lies; another is
+    packed into one shared staging buffer, reused bucket after bucket, released at the end."""
+    from gspo_megatron.checkpoint.gather import ReusedBuffers
+    from gspo_megatron.weight_sync.tensor_ipc import shared_buffer
+
+    sent = []
+    t = CudaIpcTransport(None, bucket_bytes=1 << 20, serialize=lambda items: sent.append(items) or "b")
+    t._clients = [RecordingClient()]
+    assert isinstance(t.gather_buffers(), ReusedBuffers)
+    arena = shared_buffer("received", 64, "cpu")
+    assert arena.is_shared()
+    received = arena[:48].view(torch.float32)
+    received.copy_(torch.arange(12.0))
+    t.send_bucket(Bucket.from_items([("a", received[:4].view(2, 2)), ("b", received[4:])]))
+    assert [v.data_ptr() for _, v in sent[-1]] == [arena.data_ptr(), arena.data_ptr() + 16]
+    private = [Bucket.from_items([("c", torch.full((4,), float(i))), ("d", torch.ones(2))])
+               for i in range(2)]
+    staging = []
+    for bucket in private:
+        t.send_bucket(bucket)
+        views = sent[-1]
+        assert all(v.is_shared() for _, v in views)
+        assert [torch.equal(v, w) for (_, v), (_, w) in zip(views, bucket.items)] == [True, True]
+        staging.append(views[0][1].data_ptr())
+    assert staging[0] == staging[1]  # the same staging memory for the second bucket
+    items = load_named_tensors(serialize_named_tensors(sent[-1]))  # what a server opens
+    assert torch.equal(items[0][1], torch.full((4,), 1.0))
+    t.finish("v1")
+    t.send_bucket(private[0])
+    assert sent[-1][0][1].is_shared()  # a new update: staging allocated again

@@ -24,14 +24,18 @@ send their buckets to global rank 0 (flat bytes plus a small header), which yiel
 Memory: a leader holds one gathered bucket (plus its HF views) at a time, the other ranks the
 bytes they send (none beyond their parameters when a bucket is one contiguous tensor); only
 the receiving rank of a gather allocates its buffer. Yielded tensors are views into that
-bucket: consume or copy them before asking for the next one.
+bucket: consume or copy them before asking for the next one. ``alloc`` chooses the receive
+buffers: a new one per bucket by default, or :class:`ReusedBuffers` (weight sync), which keeps
+one per role for the whole gather: on CPU a fresh buffer's page faults cost several times the
+copy into it (docs/real_geometry.md), and a bucket's bytes lie in its buffer back to back, so a
+broadcast can send them without packing them first.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -41,6 +45,37 @@ from gspo_megatron.checkpoint.local_params import LocalUnit, iter_local_units
 from gspo_megatron.config.schema import ModelConfig
 
 HFBucket = List[Tuple[str, torch.Tensor]]
+Alloc = Callable[[str, int, torch.device], torch.Tensor]
+"""``alloc(role, num_bytes, device)`` -> a uint8 tensor of ``num_bytes`` to receive into. Roles:
+``received`` (what a yielded bucket's tensors view), ``staging`` (expert-TP slices before the
+EP gather, alive at the same time as ``received``)."""
+
+
+def new_buffer(role: str, num_bytes: int, device: torch.device) -> torch.Tensor:
+    """The default :data:`Alloc`: a new buffer every time."""
+    return torch.empty(num_bytes, dtype=torch.uint8, device=device)
+
+
+class ReusedBuffers:
+    """An :data:`Alloc` that keeps one buffer per role (grown when a bucket needs more) for as
+    long as it lives: each page is touched once per gather instead of once per bucket. Only for
+    a consumer that is done with a bucket before it asks for the next (the module docstring's
+    rule; the weight-sync transports are), since the next bucket overwrites it. ``new`` makes
+    the buffers (default :func:`new_buffer`; the tensor-handle transport's are shared memory)."""
+
+    def __init__(self, new: Alloc = new_buffer) -> None:
+        self._new = new
+        self._buffers: Dict[str, torch.Tensor] = {}
+
+    def __call__(self, role: str, num_bytes: int, device: torch.device) -> torch.Tensor:
+        buf = self._buffers.get(role)
+        if buf is None or buf.numel() < num_bytes or buf.device != torch.device(device):
+            self._buffers.pop(role, None)  # freed before the larger one is allocated
+            buf = self._buffers[role] = self._new(role, num_bytes, device)
+        return buf[:num_bytes]
+
+    def release(self) -> None:
+        self._buffers.clear()
 _EXPERT = re.compile(r"decoder\.layers\.(\d+)\.mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12])\.weight$")
 
 
@@ -119,7 +154,8 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
-def _gather_flat(local: Sequence[torch.Tensor], group, size: int) -> List[List[torch.Tensor]]:
+def _gather_flat(local: Sequence[torch.Tensor], group, size: int, alloc: Alloc = new_buffer,
+                 role: str = "received") -> List[List[torch.Tensor]]:
     """Every rank's version of ``local`` (same shapes on every rank), by group rank, on the
     group's first rank (the only one that uses them); ``[]`` on the others.
 
@@ -142,7 +178,7 @@ def _gather_flat(local: Sequence[torch.Tensor], group, size: int) -> List[List[t
             dist.gather(_flat(local), None, dst=ranks[0], group=group)
         return []
     nbytes = sum(_nbytes(t) for t in local)
-    whole = torch.empty(size * nbytes, dtype=torch.uint8, device=local[0].device)
+    whole = alloc(role, size * nbytes, local[0].device)
     parts = list(whole.chunk(size))
     if gloo:
         like = [torch.empty(_nbytes(t), dtype=torch.uint8, device="meta") for t in local]
@@ -177,13 +213,13 @@ def _to_hf(full: Dict[str, torch.Tensor], cfg: ModelConfig) -> HFBucket:
 
 
 def _dense_buckets(units: List[LocalUnit], cfg: ModelConfig, layout: Layout,
-                   bucket_bytes: int) -> Iterator[HFBucket]:
+                   bucket_bytes: int, alloc: Alloc) -> Iterator[HFBucket]:
     if layout.dp_rank != 0:
         return  # data-parallel replicas hold the same dense weights
     tp_size = max(u.tp_size for u in units) if units else 1
     for bucket in _buckets(units, bucket_bytes, lambda u: u.tp_size):
         sharded = [u for u in bucket if u.tp_size > 1]
-        parts = (_gather_flat([u.tensor for u in sharded], _groups(False), tp_size)
+        parts = (_gather_flat([u.tensor for u in sharded], _groups(False), tp_size, alloc)
                  if sharded else [])
         if not layout.is_leader:
             continue
@@ -213,7 +249,7 @@ def _by_global_expert(by_ep: List[List[torch.Tensor]], bucket: List[LocalUnit],
 
 
 def _expert_buckets(units: List[LocalUnit], cfg: ModelConfig, layout: Layout,
-                    bucket_bytes: int) -> Iterator[HFBucket]:
+                    bucket_bytes: int, alloc: Alloc) -> Iterator[HFBucket]:
     if layout.edp_rank != 0 or not units:
         return  # expert-data-parallel replicas hold the same experts
     from megatron.core import parallel_state as ps
@@ -222,11 +258,13 @@ def _expert_buckets(units: List[LocalUnit], cfg: ModelConfig, layout: Layout,
     units = sorted(units, key=lambda u: _expert_key(u, per_rank))
     etp_size = units[0].tp_size
     for bucket in _buckets(units, bucket_bytes, lambda u: u.tp_size * layout.ep_size):
-        parts = _gather_flat([u.tensor for u in bucket], _groups(True), etp_size)
+        parts = _gather_flat([u.tensor for u in bucket], _groups(True), etp_size, alloc,
+                             "staging")
         if layout.etp_rank != 0:
             continue
         local_full = [mapping.unshard([p[i] for p in parts], u.spec) for i, u in enumerate(bucket)]
-        by_ep = _gather_flat(local_full, ps.get_expert_model_parallel_group(), layout.ep_size)
+        by_ep = _gather_flat(local_full, ps.get_expert_model_parallel_group(), layout.ep_size,
+                             alloc)
         if not layout.is_leader:
             continue
         hf = _to_hf(_by_global_expert(by_ep, bucket, per_rank), cfg)
@@ -235,14 +273,16 @@ def _expert_buckets(units: List[LocalUnit], cfg: ModelConfig, layout: Layout,
 
 
 def _stage_buckets(model_chunks: Sequence[torch.nn.Module], cfg: ModelConfig, layout: Layout,
-                   bucket_bytes: int) -> Iterator[HFBucket]:
+                   bucket_bytes: int, alloc: Alloc) -> Iterator[HFBucket]:
     """This stage's buckets, on its leader (other ranks of the stage take part and get none)."""
     units = [u for chunk in model_chunks for u in iter_local_units(chunk, cfg)
              if mapping.is_exported(u.name, cfg)]
     order = {n: i for i, n in enumerate(mapping.canonical_names(cfg))}
     units.sort(key=lambda u: order[u.name] if u.name in order else len(order))
-    yield from _dense_buckets([u for u in units if not u.spec.expert], cfg, layout, bucket_bytes)
-    yield from _expert_buckets([u for u in units if u.spec.expert], cfg, layout, bucket_bytes)
+    yield from _dense_buckets([u for u in units if not u.spec.expert], cfg, layout, bucket_bytes,
+                              alloc)
+    yield from _expert_buckets([u for u in units if u.spec.expert], cfg, layout, bucket_bytes,
+                               alloc)
 
 
 def _send_to_rank0(bucket: Optional[HFBucket]) -> None:
@@ -252,7 +292,7 @@ def _send_to_rank0(bucket: Optional[HFBucket]) -> None:
         dist.send(_flat([t for _, t in bucket]), dst=0)
 
 
-def _recv_from(src: int, device: torch.device) -> Iterator[HFBucket]:
+def _recv_from(src: int, device: torch.device, alloc: Alloc) -> Iterator[HFBucket]:
     while True:
         box: List = [None]
         dist.recv_object_list(box, src=src)
@@ -261,7 +301,7 @@ def _recv_from(src: int, device: torch.device) -> Iterator[HFBucket]:
             return
         like = [torch.empty(shape, dtype=getattr(torch, dtype.replace("torch.", "")), device="meta")
                 for _, shape, dtype in header]
-        flat = torch.empty(sum(_nbytes(t) for t in like), dtype=torch.uint8, device=device)
+        flat = alloc("received", sum(_nbytes(t) for t in like), device)
         dist.recv(flat, src=src)
         bucket = list(zip([n for n, _, _ in header], _split(flat, like)))
         del flat  # not alive while the next bucket is received
@@ -276,8 +316,10 @@ def _stage_leaders() -> List[int]:
 
 
 def iter_hf_buckets(model_chunks: Sequence[torch.nn.Module], model_cfg: ModelConfig,
-                    bucket_bytes: int = 512 * 1024 ** 2, dst: str = "rank0") -> Iterator[HFBucket]:
-    """Yield HF buckets on each stage leader (``dst="stage"``) or on rank 0 (``"rank0"``)."""
+                    bucket_bytes: int = 512 * 1024 ** 2, dst: str = "rank0",
+                    alloc: Alloc = new_buffer) -> Iterator[HFBucket]:
+    """Yield HF buckets on each stage leader (``dst="stage"``) or on rank 0 (``"rank0"``);
+    ``alloc`` gives the buffers buckets are received into (see the module docstring)."""
     if dst not in ("rank0", "stage"):
         raise ValueError(f"dst must be 'rank0' or 'stage', got {dst!r}")
     if bucket_bytes <= 0:
@@ -290,7 +332,7 @@ def iter_hf_buckets(model_chunks: Sequence[torch.nn.Module], model_cfg: ModelCon
     seen: List[str] = []
     for stage in range(layout.num_stages):
         if stage == layout.stage:
-            for bucket in _stage_buckets(model_chunks, model_cfg, layout, bucket_bytes):
+            for bucket in _stage_buckets(model_chunks, model_cfg, layout, bucket_bytes, alloc):
                 if dst == "stage" or rank == 0:
                     seen += [n for n, _ in bucket]
                     yield bucket
@@ -299,7 +341,7 @@ def iter_hf_buckets(model_chunks: Sequence[torch.nn.Module], model_cfg: ModelCon
             if dst == "rank0" and layout.is_leader and rank != 0:
                 _send_to_rank0(None)
         elif dst == "rank0" and rank == 0:
-            for bucket in _recv_from(leaders[stage], device):
+            for bucket in _recv_from(leaders[stage], device, alloc):
                 seen += [n for n, _ in bucket]
                 yield bucket
         if multi and dst == "stage" and layout.num_stages > 1:

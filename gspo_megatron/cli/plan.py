@@ -13,6 +13,7 @@ Exit codes: 0 done (even when nothing fits: the output says so), 2 bad config or
     gspo-plan configs/qwen3_30b_a3b_gspo.yaml --nodes 4 8
     gspo-plan configs/qwen3_235b_a22b_gspo.yaml --nodes 8 --gpu-memory 141GB --search-optimizer
     gspo-plan configs/qwen3_30b_a3b_gspo.yaml --nodes 4 --doc docs/planner.md
+    gspo-plan configs/qwen3_30b_a3b_1layer_cpu.yaml --host     # a CPU run: RSS per process
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--search-optimizer", action="store_true",
                         help="also try the precision-aware optimizer (bf16 moments) and "
                              "optimizer CPU offload")
+    parser.add_argument("--host", action="store_true",
+                        help="a CPU run on this host: the peak owned memory (RSS) of each learner "
+                             "rank and SGLang CPU server instead of GPU memory")
+    parser.add_argument("--host-memory", default=None,
+                        help="with --host: the host's memory, e.g. 24GiB (default: MemTotal)")
     parser.add_argument("--json", action="store_true", help="one JSON document instead of text")
     parser.add_argument("--doc", default=None,
                         help="markdown file whose marked section (docs/planner.md) gets the "
@@ -71,6 +77,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise ConfigError("--gpus-per-node: must be >= 1")
         hw = hardware_from_config(cfg, gpu_memory_bytes=memory, gpus_per_node=args.gpus_per_node)
         own = plan_config(cfg, hw)
+        host = _host_plan(cfg, own, args) if args.host else None
         ranked = {n: search(cfg, hw, n, top=args.top, search_optimizer=args.search_optimizer)
                   for n in args.nodes}
         if args.doc:
@@ -81,16 +88,40 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"gspo-plan: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     if args.json:
-        print(json.dumps({"config": as_dict(own),
-                          "ranked": {str(n): [as_dict(p) for p in plans]
-                                     for n, plans in ranked.items()}}, indent=2))
+        doc = {"config": as_dict(own),
+               "ranked": {str(n): [as_dict(p) for p in plans] for n, plans in ranked.items()}}
+        if host is not None:
+            from gspo_megatron.planner.report import host_as_dict
+
+            doc["host"] = host_as_dict(host)
+        print(json.dumps(doc, indent=2))
         return 0
-    print(describe(own, f"{args.config}: the config's own layout "
-                        f"({hw.gpu_memory_bytes / 1e9:g} GB GPUs)"))
+    if host is not None:
+        from gspo_megatron.planner.report import describe_host
+
+        print(describe_host(host, f"{args.config}: owned memory of its processes on this host"))
+    else:
+        print(describe(own, f"{args.config}: the config's own layout "
+                            f"({hw.gpu_memory_bytes / 1e9:g} GB GPUs)"))
     for n, plans in ranked.items():
         print()
         print(ranking(plans, n))
     return 0
+
+
+def _host_plan(cfg, own, args):
+    """``--host``: the CPU run's processes on this host (``planner/host_memory.py``)."""
+    from gspo_megatron.config import ConfigError
+    from gspo_megatron.planner.hardware import parse_memory
+    from gspo_megatron.planner.host_memory import estimate_host, host_memory_total
+    from gspo_megatron.planner.plan import model_shape
+
+    if cfg.model.transformer_impl != "local":
+        raise ConfigError("--host: plans a CPU run (model.transformer_impl=local); this config "
+                          f"runs {cfg.model.transformer_impl}")
+    memory = parse_memory(args.host_memory, "--host-memory") if args.host_memory \
+        else host_memory_total()
+    return estimate_host(cfg, model_shape(cfg), own.learner, own.layout.world_size, memory)
 
 
 if __name__ == "__main__":

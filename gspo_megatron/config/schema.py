@@ -136,6 +136,12 @@ class OptimizerConfig:
     """Share of the optimizer state offloaded when ``cpu_offload`` (``optimizer_offload_fraction``)."""
     max_consecutive_nonfinite: int = 3
     """Updates skipped for a non-finite loss or grad norm in a row before the run stops."""
+    freeze: List[str] = field(default_factory=list)
+    """Parameter groups kept at their loaded values (``config/freeze.py``: ``embedding``,
+    ``output_layer``, ``attention``, ``norms``, ``router``, ``experts``, ``mlp``). They get no
+    fp32 gradient buffer, main weights or Adam moments (16 of the 18 bytes per parameter of bf16
+    training with fp32 Adam, ``docs/learner.md``) and stay in checkpoints and weight syncs. An
+    unknown name, half of a tied embedding, or every parameter of a pipeline stage is refused."""
 
 
 @dataclass
@@ -418,6 +424,11 @@ class CheckpointConfig:
     """Defaults to ``<logging.run_dir>/checkpoints``."""
     save_every_steps: int = 0
     """0 saves only at the end (and on a preemption signal)."""
+    save_final: bool = True
+    """Save a training checkpoint after the last step. false: the run ends with its HF export
+    only (a preemption signal still saves). For a host without room for the save: the
+    distributed optimizer's layout-independent save gathers fp32 main weights and Adam moments
+    into new host tensors, 12 bytes per trained parameter (``gspo-plan --host`` counts it)."""
     load_dir: Optional[str] = None
     """Initial weights (a converted HF checkpoint); None means random init or ``model.hf_path``."""
     resume: str = "auto"

@@ -13,6 +13,7 @@ from typing import List, Optional
 
 from gspo_megatron.config.errors import ConfigError  # noqa: F401  (re-exported)
 from gspo_megatron.config.allocation import allocation_problems, fleet_problems
+from gspo_megatron.config.freeze import freeze_problems
 from gspo_megatron.config.sequence_padding import FP8_RECIPES, pad_multiple_for, round_up
 from gspo_megatron.config.schema import (EMBEDDED_DTYPES, ROUTING_REPLAY_MODES,
                                          rollout_staleness, routing_replay_mode)
@@ -473,7 +474,20 @@ def _check_rollout(cfg, check) -> None:
 
 
 def _check_optimizer(cfg, check) -> None:
-    """Learning rate and the guard against non-finite steps."""
+    """Learning rate, the guard against non-finite steps, and the frozen parameter groups (the
+    model section's shapes; the learner checks them again against ``model.hf_path``'s)."""
     check(cfg.optimizer.lr > 0, "optimizer.lr", "must be > 0")
     check(cfg.optimizer.max_consecutive_nonfinite >= 1, "optimizer.max_consecutive_nonfinite",
           "must be >= 1")
+    from gspo_megatron.config.pipeline_split import PipelineSplitError, stage_layer_counts
+
+    p = cfg.parallel
+    try:
+        stages = stage_layer_counts(cfg.model.num_layers, p.pp,
+                                    p.num_layers_in_first_pipeline_stage,
+                                    p.num_layers_in_last_pipeline_stage)
+    except PipelineSplitError:  # reported by _check_pipeline_split
+        stages = [cfg.model.num_layers]
+    for problem in freeze_problems(cfg.model, cfg.optimizer.freeze, stages):
+        key, msg = problem.split(": ", 1)
+        check(False, key, msg)

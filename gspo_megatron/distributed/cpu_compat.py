@@ -322,7 +322,61 @@ def _patch_torch_adam_step_state() -> None:
     DistributedOptimizer.load_state_dict = load_state_dict
 
 
+def _patch_linear_backward_grad_layout() -> None:
+    """Hand Megatron's linear backward a contiguous output gradient.
+
+    ``GPTModel`` returns its logits transposed (``[s, b, V] -> [b, s, V]``), so the gradient
+    reaching the output layer is a non-contiguous ``[s, b, V]`` view. Both of Megatron's linear
+    backwards start with ``grad_input = grad_output.matmul(weight)`` (``tensor_parallel/layers.py``:
+    ``LinearWithFrozenWeight`` and ``LinearWithGradAccumulationAndAsyncCommunication``), and
+    torch's matmul folds a 3-D left operand into one GEMM only when that needs no copy (or when it
+    requires grad, which a gradient in a backward does not): otherwise it broadcasts the weight
+    to ``[s, V, h]`` and runs a batched GEMM, which on CPU materialises ``s`` copies of the
+    weight. For Qwen3's output layer (151,936 x 2048 bf16) and 37-token rows that is 23 GB, in
+    the backward of every micro-batch. Contiguous, the same matmul is one ``[s*b, V] x [V, h]``
+    GEMM; the weight-gradient code that follows makes the gradient contiguous anyway
+    (``prepare_input_tensors_for_wgrad_compute``), so the trainable path pays nothing and the
+    frozen one (``optimizer.freeze``) one ``[s*b, V]`` copy. Only a non-contiguous gradient of
+    more than two dimensions is touched: 2-D ones (the experts') fold as they are, and copying
+    them earlier raised the planner benchmark's MoE peaks by up to 19 MB (``docs/planner.md``).
+    """
+    from megatron.core.tensor_parallel import layers
+
+    for cls in (layers.LinearWithFrozenWeight, layers.LinearWithGradAccumulationAndAsyncCommunication):
+        original = cls.backward
+
+        def backward(ctx, grad_output, *rest, _original=original):
+            if grad_output.dim() > 2 and not grad_output.is_contiguous():  # what matmul can't fold
+                grad_output = grad_output.contiguous()
+            return _original(ctx, grad_output, *rest)
+
+        cls.backward = staticmethod(backward)
+
+
 # ---- probes: each returns True when, unpatched, the assumption still breaks on CPU ------------
+
+
+def _probe_linear_backward_grad_layout() -> bool:
+    """A transposed 3-D gradient through the frozen linear's backward still broadcasts the
+    weight into a batched GEMM (``aten.bmm``) instead of one ``aten.mm``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from megatron.core.tensor_parallel.layers import LinearWithFrozenWeight
+
+    seen = set()
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    weight = torch.randn(6, 4)
+    x = torch.randn(3, 2, 4, requires_grad=True)
+    out = LinearWithFrozenWeight.apply(x, weight, None, False, None)  # [3, 2, 6]
+    grad = torch.randn(2, 3, 6).transpose(0, 1)  # non-contiguous, as GPTModel's logits give it
+    with Ops():
+        out.backward(grad)
+    return "bmm" in seen
 
 
 def _probe_save_results_queue() -> bool:
@@ -436,6 +490,10 @@ PATCHES: List[Patch] = [
           _patch_single_rank_collectives, _probe_single_rank_collectives),
     Patch("te_general_gemm", "moe_utils refers to te_general_gemm without Transformer Engine",
           _patch_te_general_gemm, _probe_te_general_gemm),
+    Patch("linear_backward_grad_layout", "the output layer's transposed gradient makes torch's CPU "
+          "matmul copy the weight once per sequence position in the backward (23 GB at "
+          "Qwen3's vocabulary and 37-token rows)",
+          _patch_linear_backward_grad_layout, _probe_linear_backward_grad_layout),
 ]
 
 

@@ -29,6 +29,7 @@ from gspo_megatron.experiments.paper_numbers import (
     close, collapsed, end_accuracy, load_reproduction, mean_accuracy, num_evaluations,
     num_parameters, orders_of_magnitude, phases, ratio, separation)
 from gspo_megatron.experiments.paper_depth import depth_sentence
+from gspo_megatron.experiments.paper_experts import empty_section, existing_section
 from gspo_megatron.experiments.paper_routing import routing_replay
 
 CLIP_TOKEN, CLIP_SEQ = "train/clip_frac_token", "train/clip_frac_seq"
@@ -49,6 +50,9 @@ class DocInfo:
     depth_out: Optional[Path] = None
     """The runs of ``tools/volatility_vs_depth.py`` (claim 3's depth sentences), if given."""
     depth_figure: str = "figures/volatility_vs_depth.png"
+    experts_section: str = ""
+    """The marked section of ``tools/volatility_vs_experts.py`` (``paper_experts.py``), carried
+    over from the document being rewritten."""
 
 
 def _pct(x: float) -> str:
@@ -443,9 +447,18 @@ def left(rep: Reproduction, doc: DocInfo) -> str:
     return "## What was left\n\n" + "\n".join(f"- {item}" for item in items)
 
 
+EXPERTS_PLACEHOLDER = "@@volatility_vs_experts@@"
+
+
+def experts_count(rep: Reproduction, doc: DocInfo) -> str:
+    """Where the expert-count section goes (filled after the prose is refilled: it is written
+    by its own tool and must stay as it is)."""
+    return EXPERTS_PLACEHOLDER
+
+
 SECTIONS: Tuple[Callable[[Reproduction, DocInfo], str], ...] = (
     header, setting, result, claim_stability, claim_clipping, claim_volatility, claim_engine,
-    routing_replay, rules, diagnostics, left)
+    experts_count, routing_replay, rules, diagnostics, left)
 
 
 def _wrap(block: str, width: int = 100) -> str:
@@ -472,7 +485,8 @@ def _wrap(block: str, width: int = 100) -> str:
 def render(rep: Reproduction, doc: DocInfo) -> str:
     """The whole document: every section of ``SECTIONS`` in order, its prose refilled."""
     text = "\n\n".join(section(rep, doc).strip() for section in SECTIONS)
-    return "\n\n".join(_wrap(block) for block in re.split(r"\n\n+", text)) + "\n"
+    text = "\n\n".join(_wrap(block) for block in re.split(r"\n\n+", text)) + "\n"
+    return text.replace(EXPERTS_PLACEHOLDER, doc.experts_section or empty_section())
 
 
 def write_doc(out: Path, variants: Sequence[str], seeds: Sequence[int], doc_path: Path,
@@ -486,5 +500,6 @@ def write_doc(out: Path, variants: Sequence[str], seeds: Sequence[int], doc_path
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(figure, target)
     doc_path.write_text(render(rep, DocInfo(command, str(target.relative_to(doc_path.parent)),
-                                            depth_out=depth_out)))
+                                            depth_out=depth_out,
+                                            experts_section=existing_section(doc_path))))
     return doc_path

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
+from gspo_megatron.faults import kill_points
 from gspo_megatron.learner.checkpoint_files import META_FILE, write_manifest
 from gspo_megatron.learner.disk_space import (OutputWriteError, check_free_space,
                                               describe_write_failure)
@@ -165,6 +166,9 @@ def atomic_save(state: Dict[str, Any], directory: str | Path, meta: Dict[str, An
         try:
             body = {"format": FORMAT, **{k: jsonable(v) for k, v in meta.items()}}
             (partial / META_FILE).write_text(json.dumps(body, indent=2, sort_keys=True))
+            if kill_points.armed("checkpoint"):  # test hook: dies with the manifest unwritten
+                kill_points.kill("checkpoint", f"{partial}: "
+                                 f"{sorted(p.name for p in partial.iterdir())} written, no manifest")
             write_manifest(partial)
             _publish(partial, final)
         except OSError as exc:

@@ -45,9 +45,12 @@ from gspo_megatron.algorithms.metrics import accumulate_metrics, all_reduce_metr
 from gspo_megatron.algorithms.types import LossOutput, PolicyLossInputs
 from gspo_megatron.config.schema import GSPOConfig
 from gspo_megatron.config.sequence_padding import pad_multiple_for
+from gspo_megatron.distributed.host_heap import trim_host_heap
 from gspo_megatron.learner import checkpointing
 from gspo_megatron.learner.checkpoint_files import checkpoint_root
 from gspo_megatron.learner.batch import MicroBatch, SequenceBatch, StepPlan, plan_step
+from gspo_megatron.learner.freeze import (FrozenParameters, check_same_frozen_groups,
+                                          freeze_parameter_groups)
 from gspo_megatron.learner.forward import forward_chunk, response_logprobs, split_by_sequence
 from gspo_megatron.learner.optimizer import (build_optimizer, build_scheduler, current_lr,
                                              guarded_step, wrap_ddp)
@@ -93,6 +96,13 @@ class Learner:
                                   config=self.tf_config) for i in range(vpp or 1)]
         for chunk in chunks:
             chunk.to(self.device)
+        # Before DDP and the optimizer: frozen parameters get no grad buffer and no Adam state.
+        self.frozen = freeze_parameter_groups(chunks, self.model_cfg, cfg.parallel,
+                                              cfg.optimizer.freeze)
+        if self.frozen.groups and runtime.is_main:
+            log.info("optimizer.freeze: %s frozen (%d parameters on rank 0), %d train",
+                     ", ".join(self.frozen.groups), self.frozen.frozen_numel,
+                     self.frozen.trainable_numel)
         self.model = wrap_ddp(chunks, self.tf_config, cfg.optimizer.use_distributed_optimizer)
         self.optimizer = build_optimizer(cfg.optimizer, self.model,
                                          resolve_params_dtype(self.model_cfg))
@@ -113,6 +123,12 @@ class Learner:
         self.step = 0
         self.consecutive_nonfinite = 0
         self.num_nonfinite_skipped = 0
+        self._trim_heap()  # the weights DDP copied into its buffers were freed just now
+
+    def _trim_heap(self) -> None:
+        """On CPU, hand freed heap pages back to the OS (``distributed/host_heap.py``)."""
+        if self.device.type == "cpu":
+            trim_host_heap()
 
     # ---- set-up ---------------------------------------------------------------------------
 
@@ -320,6 +336,7 @@ class Learner:
         metrics = self._reduce_step_metrics(fb)
         loss_finite = math.isfinite(metrics["loss"])
         result = guarded_step(self.optimizer, self.cfg.optimizer.clip_grad, loss_finite)
+        self._trim_heap()  # the step's activations and temporaries are gone
         if result.updated:
             self.scheduler.step(increment=1)
             self.step += 1
@@ -360,7 +377,8 @@ class Learner:
         return checkpoint_root(self.cfg.checkpoint, self.cfg.logging.run_dir) / "last_good"
 
     def _meta(self) -> dict:
-        return {"step": self.step, "model": self.model_cfg, "parallel": self.cfg.parallel}
+        return {"step": self.step, "model": self.model_cfg, "parallel": self.cfg.parallel,
+                "frozen": list(self.frozen.groups)}
 
     def save_checkpoint(self, directory, extra: Optional[dict] = None,
                         meta: Optional[dict] = None) -> None:
@@ -373,6 +391,7 @@ class Learner:
         if not load_optimizer:
             self.load_weights(directory)
             return {}
+        check_same_frozen_groups(checkpointing.read_meta(directory), self.frozen.groups, directory)
         state = checkpointing.load_training_checkpoint(
             self.model, self.optimizer, self.scheduler, directory, self.cfg.parallel)
         self.step = state["step"]
@@ -437,6 +456,7 @@ class LogprobLearner(Learner):
                       for i in range(vpp or 1)]
         for chunk in self.model:
             chunk.requires_grad_(False)
+        self.frozen = FrozenParameters(groups=())  # nothing trains: no optimizer to keep out of
         self.optimizer = self.scheduler = None
         self.dp_rank = ps.get_data_parallel_rank()
         self.dp_size = ps.get_data_parallel_world_size()

@@ -18,7 +18,7 @@ The peak is the largest of three moments of a step:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List
+from typing import Dict, List
 
 from gspo_megatron.planner.activations import (MicroBatchShape, attention_buffer_bytes,
                                                final_norm_bytes, in_flight_micro_batches,
@@ -64,6 +64,11 @@ class LearnerEstimate:
     resident_bytes: float = 0.0
     """What stays on the GPU between steps: weights, fp32 grad buffer, the optimizer state on the
     GPU and FP8 copies (a colocated server's KV cache has to fit beside it)."""
+    trainable_params: float = 0.0
+    """Parameters of this rank with gradients and optimizer state (``optimizer.freeze`` aside)."""
+    moments: Dict[str, float] = field(default_factory=dict)
+    """Every moment's total (``training``, ``optimizer step``, ``building buffers``); the peak
+    is the largest (``planner/host_memory.py`` re-weighs them for a CPU process)."""
 
     @property
     def training_bytes(self) -> float:
@@ -89,13 +94,14 @@ def _fp8_layers(shape: ModelShape, layout: Layout, stage: int, precision: Precis
 
 def _stage_estimate(shape: ModelShape, layout: Layout, precision: Precision, work: Workload,
                     stage: int) -> LearnerEstimate:
-    pc = ParamCounts.for_stage(shape, layout, stage)
+    pc = ParamCounts.for_stage(shape, layout, stage, precision.frozen)
     mb = work.micro_batch
     act = precision.act_bytes
-    if precision.distributed_optimizer:
-        sharded = pc.dense / layout.dense_shard_group + pc.expert / layout.expert_dp
+    if precision.distributed_optimizer:  # frozen parameters have no state at all
+        sharded = pc.trainable_dense / layout.dense_shard_group + \
+            pc.trainable_expert / layout.expert_dp
     else:
-        sharded = pc.total
+        sharded = pc.trainable
     optimizer_total = sharded * precision.optimizer_bytes
     on_gpu = optimizer_total * (1 - precision.offload_fraction)
     fp8 = 0.0
@@ -110,14 +116,15 @@ def _stage_estimate(shape: ModelShape, layout: Layout, precision: Precision, wor
     last = stage == layout.pp - 1
     transient = layer.working_bytes if pc.layers else 0.0
     terms = [Term("weights", pc.total * precision.param_bytes),
-             Term("grad buffer (fp32)", pc.total * precision.grad_bytes),
+             Term("grad buffer (fp32)", pc.trainable * precision.grad_bytes),
              Term("optimizer state", on_gpu)]
     if fp8:
         terms.append(Term("FP8 weight copies", fp8))
     terms.append(Term(f"activations ({work.recompute} recompute, {in_flight:g} in flight)", saved))
     if last:
         terms.append(Term("final norm + output input", final_norm_bytes(shape, layout, mb, act)))
-        logits = logits_bytes(shape, layout, mb, act)
+        logits = logits_bytes(shape, layout, mb, act) + \
+            _output_weight_grad_bytes(shape, layout, precision, work.kernel)
         if logits >= transient:
             terms.append(Term("logits / log-prob pass", logits))
             transient = 0.0
@@ -127,19 +134,42 @@ def _stage_estimate(shape: ModelShape, layout: Layout, precision: Precision, wor
     if buffer:
         terms.append(Term("attention / all-gather buffer", buffer))
     est = LearnerEstimate(stage=stage, terms=terms,
-                          host_bytes=optimizer_total * precision.offload_fraction)
+                          host_bytes=optimizer_total * precision.offload_fraction,
+                          trainable_params=pc.trainable)
     static = sum(t.bytes for t in terms[:3]) + fp8
     est.resident_bytes = static
-    largest_shard = max(shape.padded_vocab(layout.tp) * shape.hidden_size / layout.tp,
-                        pc.total / max(pc.layers, 1)) / (
-        layout.dense_shard_group if precision.distributed_optimizer else 1)
-    moments = {"training": est.training_bytes,
-               "optimizer step": static + 2 * 4 * largest_shard * (1 - precision.offload_fraction),
-               "building buffers": (2 * pc.total * precision.param_bytes + pc.total *
-                                    precision.grad_bytes) if precision.distributed_optimizer else 0}
-    est.peak_moment = max(moments, key=moments.get)
-    est.peak_bytes = moments[est.peak_moment]
+    est.moments = _moments(shape, layout, precision, pc, static, est.training_bytes)
+    est.peak_moment = max(est.moments, key=est.moments.get)
+    est.peak_bytes = est.moments[est.peak_moment]
     return est
+
+
+def _output_weight_grad_bytes(shape: ModelShape, layout: Layout, precision: Precision,
+                              kernel: str) -> float:
+    """Megatron's CPU path has no fused weight-gradient accumulation: the output layer's
+    ``[V/tp, h]`` gradient is made in the weights' dtype, then added into the fp32 main_grad
+    through an fp32 copy when the weights are 16-bit (measured at Qwen3's vocabulary in bf16:
+    1.7 GiB, docs/real_geometry.md). None when the output layer is frozen or on the TE path."""
+    if kernel != "local" or "output_layer" in precision.frozen:
+        return 0.0
+    act = precision.act_bytes
+    return shape.padded_vocab(layout.tp) / layout.tp * shape.hidden_size * (
+        act + (4 if act != 4 else 0))
+
+
+def _moments(shape: ModelShape, layout: Layout, precision: Precision, pc: ParamCounts,
+             static: float, training: float) -> Dict[str, float]:
+    """Training, the optimizer step (Adam's temporaries on the largest shard) and building the
+    DDP buffers (each trained weight copied into its contiguous buffer before the old storage
+    is freed)."""
+    embedding_trained = not {"embedding", "output_layer"} <= set(precision.frozen)
+    largest_shard = max(shape.padded_vocab(layout.tp) * shape.hidden_size / layout.tp
+                        if embedding_trained else 0, pc.trainable / max(pc.layers, 1)) / (
+        layout.dense_shard_group if precision.distributed_optimizer else 1)
+    return {"training": training,
+            "optimizer step": static + 2 * 4 * largest_shard * (1 - precision.offload_fraction),
+            "building buffers": ((pc.total + pc.trainable) * precision.param_bytes + pc.trainable
+                                 * precision.grad_bytes) if precision.distributed_optimizer else 0}
 
 
 def estimate_learner(shape: ModelShape, layout: Layout, precision: Precision,

@@ -19,7 +19,7 @@ attention and MLP terms but leaves out QK-norm and router weights; ``docs/planne
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Iterable, List, Optional
 
 from gspo_megatron.config.pipeline_split import stage_layer_counts
 
@@ -147,15 +147,34 @@ class ParamCounts:
     """Weights of linear layers inside transformer layers (FP8 candidates), included above."""
     layers: int
     """Transformer layers on this stage."""
+    frozen_dense: int = 0
+    """Of ``dense``, parameters of the ``optimizer.freeze`` groups (no grads, no optimizer state)."""
+    frozen_expert: int = 0
+    """Of ``expert``, frozen ones (the ``experts`` group)."""
 
     @property
     def total(self) -> int:
         """Dense + expert parameters on this rank."""
         return self.dense + self.expert
 
+    @property
+    def trainable_dense(self) -> int:
+        return self.dense - self.frozen_dense
+
+    @property
+    def trainable_expert(self) -> int:
+        return self.expert - self.frozen_expert
+
+    @property
+    def trainable(self) -> int:
+        """Parameters with a gradient-buffer slot and optimizer state."""
+        return self.trainable_dense + self.trainable_expert
+
     @classmethod
-    def for_stage(cls, shape: ModelShape, layout: Layout, stage: int) -> "ParamCounts":
-        """Parameters one rank of pipeline stage ``stage`` holds."""
+    def for_stage(cls, shape: ModelShape, layout: Layout, stage: int,
+                  frozen: Iterable[str] = ()) -> "ParamCounts":
+        """Parameters one rank of pipeline stage ``stage`` holds; ``frozen``: the
+        ``optimizer.freeze`` groups (``config/freeze.py``) counted apart."""
         h, d, tp = shape.hidden_size, shape.head_dim, layout.tp
         layers = layout.stage_layers(shape.num_layers)[stage]
         qkv = h * (shape.num_attention_heads + 2 * shape.num_query_groups) * d // tp
@@ -173,10 +192,19 @@ class ParamCounts:
         linear = layers * (qkv + proj + mlp_dense + experts)
         embedding = shape.padded_vocab(tp) * h // tp
         first, last = stage == 0, stage == layout.pp - 1
+        groups = {"attention": layers * (qkv + proj), "norms": layers * norms,
+                  "router": layers * router, "mlp": layers * mlp_dense, "embedding": 0,
+                  "output_layer": 0}
         if first:
             dense += embedding
+            groups["embedding"] = embedding
         if last:
             dense += h  # final norm
+            groups["norms"] += h
             if not shape.tie_word_embeddings or layout.pp > 1:
                 dense += embedding  # output layer (or the last stage's copy of a tied one)
-        return cls(dense=dense, expert=layers * experts, linear=linear, layers=layers)
+                groups["output_layer"] = embedding
+        frozen = set(frozen)
+        return cls(dense=dense, expert=layers * experts, linear=linear, layers=layers,
+                   frozen_dense=sum(n for g, n in groups.items() if g in frozen),
+                   frozen_expert=layers * experts if "experts" in frozen else 0)

@@ -140,11 +140,13 @@ def workload(cfg, layout: Layout, shape: ModelShape, max_tokens: int,
              recompute: str) -> Workload:
     """The worst micro-batch the config allows: full of full-length sequences."""
     seq_len = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
-    tokens = max_tokens
-    if kernel(cfg) == "local":  # rows layout: whole rows of the longest sequence
-        tokens = max(1, max_tokens // seq_len) * seq_len
-    response = tokens * cfg.rollout.max_new_tokens / seq_len
     num_seqs = cfg.batch.num_prompts_per_step * cfg.rollout.n_samples_per_prompt
+    # A micro-batch holds at most a DP rank's share of the rollout batch (the old-log-prob pass
+    # plans the whole batch; a training micro-batch holds one mini-batch's share or less).
+    tokens = min(max_tokens, math.ceil(num_seqs / max(layout.dp, 1)) * seq_len)
+    if kernel(cfg) == "local":  # rows layout: whole rows of the longest sequence
+        tokens = max(1, tokens // seq_len) * seq_len
+    response = tokens * cfg.rollout.max_new_tokens / seq_len
     per_rank = math.ceil(num_seqs / max(cfg.batch.num_mini_batches, 1) / max(layout.dp, 1))
     num_micro = max(1, math.ceil(per_rank * seq_len / max_tokens))
     mb = MicroBatchShape(tokens=tokens, seq_len=seq_len, response_tokens=int(response))

@@ -25,6 +25,7 @@ distributed optimizer, ``6 + 12 / dp`` with it (bf16 weights, fp32 grads, fp32 m
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Tuple
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class Precision:
     """Leading + trailing transformer layers kept in BF16 (no FP8 copies)."""
     act_bytes: int = 2
     """Element size of activations (the weights' dtype)."""
+    frozen: Tuple[str, ...] = ()
+    """``optimizer.freeze`` groups: weights only, no gradient-buffer slot, no optimizer state."""
 
     @property
     def optimizer_bytes(self) -> int:
@@ -82,4 +85,4 @@ class Precision:
                    fp8_weight_bytes=2 if fp8 else 0,
                    fp8_bf16_layers=(m.fp8.num_layers_at_start_in_bf16
                                     + m.fp8.num_layers_at_end_in_bf16) if fp8 else 0,
-                   act_bytes=param_bytes)
+                   act_bytes=param_bytes, frozen=tuple(o.freeze))

@@ -239,3 +239,32 @@ def as_dict(plan: Plan) -> dict:
                         "weight_sync_floor": plan.times.weight_sync_floor_s},
             "steps_per_s_by_staleness": {str(r["k"]): r["steps_per_s"]
                                          for r in staleness_rows(plan)}}
+
+
+def _gib(x: float) -> str:
+    return f"{x / 2**30:7.2f} GiB"
+
+
+def describe_host(host, title: str) -> str:
+    """``gspo-plan --host``: each process kind's owned-memory peak, term by term."""
+    lines = [title]
+    for proc in [host.learner] + ([host.server] if host.server else []):
+        lines.append(f"  {proc.name} x {proc.count}, peak at {proc.moment}:")
+        lines += [f"    {term.name:<52s}{_gib(term.bytes)}" for term in proc.terms]
+        lines.append(f"    {'= peak owned memory (RssAnon + RssShmem)':<52s}{_gib(proc.peak_bytes)}")
+    lines.append(f"  {'all processes at their peaks':<54s}{_gib(host.total_bytes)} of "
+                 f"{host.host_memory_bytes / 2**30:.2f} GiB: "
+                 f"{'fits' if host.fits else 'DOES NOT FIT'}")
+    return "\n".join(lines)
+
+
+def host_as_dict(host) -> dict:
+    """JSON-ready form of a ``HostPlan``."""
+    def proc(p):
+        return None if p is None else {
+            "name": p.name, "count": p.count, "moment": p.moment, "peak_bytes": p.peak_bytes,
+            "terms": [{"name": t.name, "bytes": t.bytes} for t in p.terms]}
+
+    return {"learner": proc(host.learner), "server": proc(host.server),
+            "host_memory_bytes": host.host_memory_bytes, "total_bytes": host.total_bytes,
+            "fits": host.fits}

@@ -176,7 +176,8 @@ class WeightSyncStats:
 
     def as_metrics(self, prefix: str = "weight_sync/") -> Dict[str, float]:
         out = {f"{prefix}total_s": self.seconds, f"{prefix}gb_per_s": self.gb_per_s,
-               f"{prefix}gb": self.num_bytes / 1e9, f"{prefix}num_buckets": float(self.num_buckets)}
+               f"{prefix}gb": self.num_bytes / 1e9, f"{prefix}num_buckets": float(self.num_buckets),
+               f"{prefix}num_tensors": float(self.num_tensors)}
         out.update(self.phases)
         return out
 

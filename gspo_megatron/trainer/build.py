@@ -110,13 +110,14 @@ def _build_weight_sync(parts: TrainerParts, cfg, runtime):
     transport = None
     if runtime.is_main:
         transport = build_transport(r.weight_sync, parts.engine, r.engine, mode=r.mode,
-                                    server_tp_size=r.sglang.tp, config_dir=cfg.model.hf_path)
+                                    server_tp_size=r.sglang.tp, config_dir=cfg.model.hf_path,
+                                    record_dir=str(parts.run_dir))
     elif dst == "stage":  # its clients send the keys the main rank's engine made or read
         from gspo_megatron.rollout.sglang.server_keys import key_file_path, read_keys, use_keys
 
         key_file = key_file_path(r.sglang.key_file, cfg.logging.run_dir)
         use_keys(read_keys(key_file) if os.path.exists(key_file) else None)
-        transport = build_stage_transport(r.weight_sync, r.sglang.tp)
+        transport = build_stage_transport(r.weight_sync, r.sglang.tp, record_dir=str(parts.run_dir))
     return LearnerWeightSync(parts.learner, parts.engine, transport, dst, r.weight_sync.bucket_bytes)
 
 

@@ -28,7 +28,9 @@ import torch.distributed as dist
 from gspo_megatron.config.validate import ConfigError
 from gspo_megatron.learner.checkpoint_files import (CheckpointError, checkpoint_root,
                                                     list_step_dirs, scan_steps, step_dir)
+from gspo_megatron.config.freeze import frozen_set
 from gspo_megatron.learner.checkpointing import read_meta
+from gspo_megatron.learner.freeze import check_same_frozen_groups
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +82,7 @@ def plan_resume(cfg, data: Dict[str, Any], is_main: bool) -> Optional[Path]:
     if is_main:
         try:
             decision = _decide(cfg.checkpoint, checkpoint_root(cfg.checkpoint, cfg.logging.run_dir),
-                               data)
+                               data, frozen_set(cfg.optimizer.freeze))
         except ConfigError as exc:
             decision = exc
     decision = _broadcast(decision)
@@ -89,7 +91,7 @@ def plan_resume(cfg, data: Dict[str, Any], is_main: bool) -> Optional[Path]:
     return Path(decision) if decision else None
 
 
-def _decide(ckpt_cfg, root: Path, data: Dict[str, Any]) -> Optional[str]:
+def _decide(ckpt_cfg, root: Path, data: Dict[str, Any], frozen: tuple = ()) -> Optional[str]:
     mode = ckpt_cfg.resume
     if mode == "never":
         return None
@@ -106,12 +108,14 @@ def _decide(ckpt_cfg, root: Path, data: Dict[str, Any]) -> Optional[str]:
         return None
     path = newest[1]
     try:
-        saved = read_meta(path).get("data")
+        meta = read_meta(path)
     except CheckpointError as exc:
         raise ConfigError(f"checkpoint.resume: {exc}") from None
+    saved = meta.get("data")
     problem = data_mismatch(saved, data, path) if saved else None
     if problem:
         raise ConfigError(f"{problem}; to resume, undo that change, or {FRESH_START_HINT}")
+    check_same_frozen_groups(meta, frozen, path)  # before the learner is built
     log.info("resuming from %s (newest complete checkpoint)", path)
     return str(path)
 

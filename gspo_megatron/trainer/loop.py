@@ -38,6 +38,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from gspo_megatron.config.schema import rollout_staleness
+from gspo_megatron.faults import kill_points
 from gspo_megatron.learner.batch import SequenceBatch
 from gspo_megatron.learner.optimizer import constant_learning_rate, reset_adam_state
 from gspo_megatron.trainer.async_rollouts import AsyncRollouts
@@ -145,7 +146,9 @@ class GSPOTrainer:
             self.p.engine.resume_memory()
             self._released = False
         if synced and self.p.sync_check is not None:  # rollout.weight_sync.verify
+            start = time.perf_counter()
             metrics.update(self.p.sync_check(str(self.p.learner.step)))
+            metrics["time/sync_verify_s"] = time.perf_counter() - start
         return metrics
 
     def evaluate(self) -> Dict[str, float]:
@@ -253,6 +256,7 @@ class GSPOTrainer:
         bar = tqdm(total=cfg.trainer.num_steps, initial=self.step, desc="GSPO steps",
                    disable=not p.runtime.is_main, dynamic_ncols=True)
         while self.step < cfg.trainer.num_steps:
+            kill_points.enter_step(self.step + 1)  # a test hook's clock (faults/kill_points.py)
             metrics = self.rl_step()
             self.step += 1
             bar.update(1)
@@ -265,7 +269,8 @@ class GSPOTrainer:
                 log.info("step %d/%d %s", self.step, cfg.trainer.num_steps, _summary(metrics))
             preempted = _any_rank(p.preemption.requested, p)
             every = cfg.checkpoint.save_every_steps
-            if last or preempted or (every and self.step % every == 0):
+            if (last and cfg.checkpoint.save_final) or preempted or \
+                    (every and self.step % every == 0):
                 p.checkpoints.save(self.step,
                                    extra={"pending_rollout": self.rollouts.checkpoint_state()})
             if preempted and not last:

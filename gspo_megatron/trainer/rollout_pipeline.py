@@ -87,12 +87,18 @@ class _Background:
         except BaseException as exc:  # re-raised in the loop's thread
             self._out["error"] = exc
 
-    def result(self, timeout_s: Optional[float] = None) -> ScoredRollout:
-        """The value (or the error) of ``fn``; RolloutTimeout when it has not returned within
-        ``timeout_s`` (None: no deadline)."""
+    def wait(self, timeout_s: Optional[float]) -> None:
+        """Until ``fn`` returned; RolloutTimeout when it has not within ``timeout_s`` (None: no
+        deadline, for engines without one of their own)."""
         self._thread.join(timeout=timeout_s)
         if self._thread.is_alive():
-            raise RolloutTimeout(f"{self._thread.name} did not finish within {timeout_s:.0f}s")
+            raise RolloutTimeout(f"background rollout {self._thread.name} did not finish within "
+                                 f"{timeout_s:g}s (its deadline: the engine's stall bound, from "
+                                 "rollout.sglang.request_timeout_s and max_retries)")
+
+    def result(self, timeout_s: Optional[float] = None) -> ScoredRollout:
+        """The value (or the error) of ``fn``, waited for as :meth:`wait` does."""
+        self.wait(timeout_s)
         if "error" in self._out:
             raise self._out["error"]
         return self._out["value"]
@@ -140,9 +146,10 @@ class RolloutPipeline:
             self._job = _Background(lambda: self.produce(step), name=f"rollout-{step}")
 
     def wait_idle(self) -> None:
-        """Let the in-flight generation finish (the engine is free after), keeping its result."""
+        """Let the in-flight generation finish (the engine is free after), keeping its result;
+        at most ``wait_timeout_s`` (RolloutTimeout after it, naming the rollout and the deadline)."""
         if self._job is not None:
-            self._job._thread.join()
+            self._job.wait(self.wait_timeout_s)
 
     def take(self, step: int) -> ReadyRollout:
         """Collective: ``step``'s rollout on every rank (submitted earlier, or produced now)."""
@@ -212,5 +219,10 @@ class RolloutPipeline:
         self._restored = (ScoredRollout(**data), old)
 
     def close(self) -> None:
-        """Wait for a background generation (after an error, before the engine shuts down)."""
-        self.wait_idle()
+        """Wait for a background generation (after an error, before the engine shuts down); one
+        past its deadline is left to the engine's shutdown, logged, not raised over the error
+        that ended the run."""
+        try:
+            self.wait_idle()
+        except RolloutTimeout as exc:
+            log.error("%s; shutting the engine down under it", exc)

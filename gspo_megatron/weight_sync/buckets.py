@@ -53,8 +53,15 @@ class Bucket:
         return cls(list(items), sum(tensor_bytes(t) for _, t in items))
 
     def flatten(self) -> torch.Tensor:
-        """The bucket as one uint8 tensor in SGLang's ``flattened_bucket`` layout."""
+        """The bucket as one new uint8 tensor in SGLang's ``flattened_bucket`` layout."""
         return flat_bucket.flatten([t for _, t in self.items])
+
+    def wire_bytes(self) -> torch.Tensor:
+        """The same bytes for a reader that is done before the bucket changes (a broadcast):
+        a view of the tensors' own memory when they lie back to back already (the learner's
+        gather leaves most buckets so), else a copy (:meth:`flatten`)."""
+        view = flat_bucket.contiguous_bytes([t for _, t in self.items])
+        return self.flatten() if view is None else view
 
 
 def iter_buckets(named_tensors: NamedTensors, bucket_bytes: int) -> Iterator[Bucket]:

@@ -6,7 +6,8 @@ Hugging Face layout SGLang's loader reads) and copies ``config_dir``'s JSON file
 generation config), so the directory is a loadable model, then makes the engine load it: the
 embedded engine directly, SGLang servers through ``/update_weights_from_disk`` (which needs no
 begin/end session: it runs its own post-load processing). The previous directory this transport
-wrote is removed once the new one is loaded.
+wrote is removed once the new one is loaded. Profile (``weight_sync/<key>_s``): ``write`` (the
+files), ``reply`` (until every server loaded the directory).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Dict, List, Optional
 from gspo_megatron.rollout.sglang import api
 from gspo_megatron.rollout.sglang.client import SGLangServerClient
 from gspo_megatron.weight_sync.buckets import Bucket
-from gspo_megatron.weight_sync.sync import BucketTransport
+from gspo_megatron.weight_sync.sync import BucketTransport, timed
 
 
 class DiskTransport(BucketTransport):
@@ -60,8 +61,9 @@ class DiskTransport(BucketTransport):
             self._dir = tempfile.mkdtemp(prefix="weights-", dir=self.disk_dir)
             self._weight_map, self._total = {}, 0
         fname = f"model-{len(set(self._weight_map.values())) + 1:05d}.safetensors"
-        save_file({n: t.detach().contiguous().cpu() for n, t in bucket.items},
-                  os.path.join(self._dir, fname))
+        with timed(self.profile, "write"):
+            save_file({n: t.detach().contiguous().cpu() for n, t in bucket.items},
+                      os.path.join(self._dir, fname))
         self._weight_map.update({n: fname for n in bucket.names})
         self._total += bucket.num_bytes
 
@@ -75,13 +77,16 @@ class DiskTransport(BucketTransport):
             for src in glob.glob(os.path.join(self.config_dir, "*.json")):
                 if not src.endswith(".index.json"):
                     shutil.copy(src, path)
-        if self.servers:
-            body = api.update_disk_payload(path, flush_cache=False, weight_version=weight_version)
-            with ThreadPoolExecutor(max_workers=max(1, len(self._clients))) as pool:
-                for fut in [pool.submit(c.update_weights_from_disk, body) for c in self._clients]:
-                    fut.result()
-        else:
-            self.engine.load_weights_from_disk(path)
+        with timed(self.profile, "reply"):
+            if self.servers:
+                body = api.update_disk_payload(path, flush_cache=False,
+                                               weight_version=weight_version)
+                with ThreadPoolExecutor(max_workers=max(1, len(self._clients))) as pool:
+                    for fut in [pool.submit(c.update_weights_from_disk, body)
+                                for c in self._clients]:
+                        fut.result()
+            else:
+                self.engine.load_weights_from_disk(path)
         if self._previous is not None:
             shutil.rmtree(self._previous, ignore_errors=True)
         self._previous = path

@@ -48,8 +48,9 @@ def transport_dst(sync_cfg, engine_kind: str, mode: str) -> str:
 def build_transport(sync_cfg, engine, engine_kind: str, mode: str = "colocated",
                     server_tp_size: int = 1, master_address: Optional[str] = None,
                     master_port: Optional[int] = None, config_dir: Optional[str] = None,
-                    attach: bool = True) -> BucketTransport:
-    """The transport named by ``sync_cfg`` (a ``WeightSyncConfig``) into ``engine``."""
+                    attach: bool = True, record_dir: Optional[str] = None) -> BucketTransport:
+    """The transport named by ``sync_cfg`` (a ``WeightSyncConfig``) into ``engine``;
+    ``record_dir``: where a broadcast group's name is recorded (the run directory)."""
     kind = resolve_transport(sync_cfg.transport, engine_kind, mode)
     servers = engine_kind in SERVER_ENGINES
     if kind == "tensor":
@@ -64,7 +65,7 @@ def build_transport(sync_cfg, engine, engine_kind: str, mode: str = "colocated",
                              "(sglang/reference); the embedded engine uses 'tensor' or 'disk'")
         transport = build_stage_transport(sync_cfg, server_tp_size,
                                           master_address or sync_cfg.master_address,
-                                          master_port or sync_cfg.master_port)
+                                          master_port or sync_cfg.master_port, record_dir)
         transport.engine = engine
     if attach:
         engine.attach_weight_transport(transport)
@@ -72,10 +73,13 @@ def build_transport(sync_cfg, engine, engine_kind: str, mode: str = "colocated",
 
 
 def build_stage_transport(sync_cfg, server_tp_size: int = 1, master_address: Optional[str] = None,
-                          master_port: Optional[int] = None) -> BroadcastTransport:
+                          master_port: Optional[int] = None,
+                          record_dir: Optional[str] = None) -> BroadcastTransport:
     """The broadcast sender of one pipeline stage. Its group rendezvous at ``master_address``
     (None: this host's address on the route to the servers) on ``master_port`` (None: a free
     port). ``weight_sync.master_address`` / ``master_port`` name rank 0's host and port, so only
-    :func:`build_transport` (the main rank) passes them."""
+    :func:`build_transport` (the main rank) passes them. ``record_dir``: where the group's name
+    is kept for the run's next trainer (``distributed_broadcast.py``)."""
     return BroadcastTransport(sync_cfg.bucket_bytes, server_tp_size,
-                              master_address=master_address, master_port=master_port)
+                              master_address=master_address, master_port=master_port,
+                              record_dir=record_dir)

@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from gspo_megatron.checkpoint.gather import Layout, iter_hf_buckets
+from gspo_megatron.checkpoint.gather import Layout, ReusedBuffers, iter_hf_buckets
 from gspo_megatron.checkpoint.learner_hf import unwrapped_chunks
 from gspo_megatron.weight_sync.buckets import Bucket
 from gspo_megatron.weight_sync.sync import BucketTransport, Coordinator, run_update
@@ -74,8 +74,15 @@ class LearnerWeightSync:
 
     def __call__(self, weight_version: Optional[str]) -> Dict[str, float]:
         coord = self.coordinator()
-        buckets = (Bucket.from_items(b) for b in
-                   iter_hf_buckets(unwrapped_chunks(self.learner), self.learner.model_cfg,
-                                   self.bucket_bytes, self.dst))
-        stats = run_update(self.engine, self.transport, buckets, weight_version, coord)
+        # every transport is done with a bucket before it asks for the next: one set of
+        # receive buffers serves the whole update (the transport may want them shared)
+        buffers = (self.transport.gather_buffers() if self.transport is not None
+                   else ReusedBuffers())
+        try:
+            buckets = (Bucket.from_items(b) for b in
+                       iter_hf_buckets(unwrapped_chunks(self.learner), self.learner.model_cfg,
+                                       self.bucket_bytes, self.dst, buffers))
+            stats = run_update(self.engine, self.transport, buckets, weight_version, coord)
+        finally:
+            buffers.release()  # held for one update only
         return stats.as_metrics() if coord.is_main else {}

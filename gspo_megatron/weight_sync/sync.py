@@ -12,6 +12,13 @@ copies, CUDA IPC handles, a broadcast group, safetensors files. :class:`Coordina
 rank does what; :class:`LocalCoordinator` is one process (tests, benchmarks,
 ``engine.update_weights``), ``learner_sync.DistCoordinator`` a learner world. A failure after
 ``begin`` cancels the update on the servers (session closed, generation continued) and re-raises.
+
+Profile (the main rank's ``stats.phases``, a few clock reads per bucket): ``weight_sync/gather_s``
+(waiting for the next bucket: the learner's gather, unsharding and HF conversion),
+``check_s`` (names and shapes against the servers' checkpoint), ``send_s`` (the transport's
+``send_bucket``), ``finish_s`` (its ``finish``), ``connect_s`` (forming a group), and the
+transport's own split of those (``BucketTransport.profile``: e.g. ``pack_s``, ``reply_s``). With
+pipeline stages sending their own buckets, the main rank's numbers cover its own stage.
 """
 
 from __future__ import annotations
@@ -19,12 +26,40 @@ from __future__ import annotations
 import abc
 import logging
 import time
-from typing import Dict, Iterable, List, Optional, Sequence
+from contextlib import contextmanager
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, TypeVar
 
+from gspo_megatron.faults import kill_points
 from gspo_megatron.rollout.types import NamedTensors, RolloutEngine, WeightSyncStats, WeightTransport
 from gspo_megatron.weight_sync.buckets import Bucket, iter_buckets
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@contextmanager
+def timed(totals: Dict[str, float], key: str) -> Iterator[None]:
+    """Add the seconds the block takes to ``totals[key]``."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        totals[key] = totals.get(key, 0.0) + time.perf_counter() - t0
+
+
+def _timed_iter(items: Iterable[T], totals: Dict[str, float], key: str) -> Iterator[T]:
+    """``items``, adding the time spent producing each one to ``totals[key]``."""
+    it = iter(items)
+    while True:
+        with timed(totals, key):
+            item = next(it, _END)
+        if item is _END:
+            return
+        yield item
+
+
+_END = object()
 
 
 class Coordinator:
@@ -86,6 +121,9 @@ class BucketTransport(WeightTransport):
         self.coordinator: Coordinator = LocalCoordinator()
         self._server_models: Dict[str, Optional[object]] = {}
         """First member's address -> its ``ServerModel`` (None: not readable from here)."""
+        self.profile: Dict[str, float] = {}
+        """Seconds of the current update by sub-phase of ``send_bucket`` / ``finish`` (each
+        transport names its own with :func:`timed`); reported as ``weight_sync/<key>_s``."""
 
     checks_server_model = False
     """Senders check every bucket's names and shapes against the servers' checkpoint before it
@@ -93,6 +131,13 @@ class BucketTransport(WeightTransport):
 
     def connect(self, members: List[str]) -> None:
         """Called on senders when the servers to reach changed (and before the first update)."""
+
+    def gather_buffers(self):
+        """The buffers the learner's gather receives one update's buckets into
+        (``checkpoint.gather.ReusedBuffers``: one per role, reused bucket after bucket)."""
+        from gspo_megatron.checkpoint.gather import ReusedBuffers
+
+        return ReusedBuffers()
 
     def check_bucket(self, bucket: Bucket, members: Optional[List[str]]) -> None:
         """Raise ``PayloadMismatch`` before sending a weight the servers cannot take."""
@@ -139,22 +184,32 @@ def run_update(engine: Optional[RolloutEngine], transport: Optional[BucketTransp
         if error is not None:
             raise error
         raise RuntimeError(f"weight update refused on the main rank: {message}")
+    clock: Dict[str, float] = {}
+    if transport is not None:
+        transport.profile = {}
     try:
         if members != coord.last_members:
             for stage in range(coord.num_stages):  # stage by stage: servers join one group at a time
                 if coord.is_sender and coord.stage == stage:
-                    transport.connect(members)
+                    with timed(clock, "connect"):
+                        transport.connect(members)
                 coord.barrier()
             coord.last_members = members
         t1 = time.perf_counter()
-        for index, bucket in enumerate(buckets, start=1):
+        for index, bucket in enumerate(_timed_iter(buckets, clock, "gather"), start=1):
             if coord.is_sender:
-                transport.check_bucket(bucket, members)
-                _send(transport, bucket, weight_version, index)
+                with timed(clock, "check"):
+                    transport.check_bucket(bucket, members)
+                with timed(clock, "send"):
+                    _send(transport, bucket, weight_version, index)
                 stats.add_bucket(len(bucket.items), bucket.num_bytes)
+                if index == 1 and kill_points.armed("sync"):  # test hook: dies inside the session
+                    kill_points.kill("sync", f"weight update {weight_version}: bucket 1 sent to "
+                                             f"{members}, the session not ended")
         coord.barrier()
         if coord.is_main:
-            transport.finish(weight_version)
+            with timed(clock, "finish"):
+                transport.finish(weight_version)
         transfer_s = time.perf_counter() - t1
     except BaseException:
         if coord.is_main:
@@ -166,6 +221,8 @@ def run_update(engine: Optional[RolloutEngine], transport: Optional[BucketTransp
     if coord.is_main:
         stats.phases.update(engine.finish_weight_update(weight_version))
         stats.phases["weight_sync/transfer_s"] = transfer_s
+        profile = {**clock, **(transport.profile if transport is not None else {})}
+        stats.phases.update({f"weight_sync/{k}_s": v for k, v in profile.items()})
         engine.metrics.last_weight_sync = stats
     stats.seconds = time.perf_counter() - t0
     return stats

@@ -80,7 +80,8 @@ class SGLangServerClient:
         return s
 
     def request(self, method: str, path: str, body: Optional[Dict[str, Any]] = None,
-                timeout_s: Optional[float] = None) -> requests.Response:
+                timeout_s: Optional[float] = None, answers: Sequence[int] = ()) -> requests.Response:
+        """One call; ``answers``: statuses returned as they are (an answer, not an outage)."""
         token = self.keys.for_path(path) if self.keys is not None else None
         headers = {"Authorization": f"Bearer {token}"} if token else None
         try:
@@ -94,7 +95,7 @@ class SGLangServerClient:
             raise ServerUnavailable(f"{self.address}{path}: {type(exc).__name__}: {exc}") from exc
         if resp.status_code in (401, 403):
             raise ServerAuthError(self.address, path, resp.status_code, token is not None)
-        if resp.status_code >= 500:
+        if resp.status_code >= 500 and resp.status_code not in answers:
             raise ServerUnavailable(f"{self.address}{path}: HTTP {resp.status_code} {resp.text[:200]}")
         return resp
 
@@ -129,6 +130,15 @@ class SGLangServerClient:
             return self.request("GET", api.HEALTH_GENERATE, timeout_s=timeout_s).status_code == 200
         except ServerUnavailable:
             return False
+
+    def ready(self, timeout_s: float = 10.0) -> bool:
+        """``/ready``: 200 while the server takes new requests, 503 while generation is paused
+        (tokenizer_manager.is_ready: ``not is_pause``); generates nothing. An unreachable
+        server raises :class:`ServerUnavailable`."""
+        resp = self.request("GET", api.READY, timeout_s=timeout_s, answers=(503,))
+        if resp.status_code not in (200, 503):
+            raise self._refused(api.READY, resp)
+        return resp.status_code == 200
 
     def model_info(self, timeout_s: float = 10.0) -> Dict[str, Any]:
         """``/model_info`` (``/get_model_info`` is deprecated in 0.5.23); answers while paused."""
@@ -176,8 +186,11 @@ class SGLangServerClient:
     def init_weights_update_group(self, payload: Dict[str, Any]) -> str:
         return str(self._control(api.INIT_GROUP, payload).get("message", ""))
 
-    def destroy_weights_update_group(self, group_name: str = api.DEFAULT_GROUP_NAME) -> str:
-        return str(self._control(api.DESTROY_GROUP, {"group_name": group_name}).get("message", ""))
+    def destroy_weights_update_group(self, group_name: str = api.DEFAULT_GROUP_NAME,
+                                     timeout_s: Optional[float] = None) -> str:
+        """Refused (``success: false``) when the server holds no group of that name."""
+        return str(self._control(api.DESTROY_GROUP, {"group_name": group_name},
+                                 timeout_s=timeout_s).get("message", ""))
 
     def update_weights_from_distributed(self, payload: Dict[str, Any]) -> str:
         return str(self._control(api.UPDATE_FROM_DISTRIBUTED, payload).get("message", ""))

@@ -155,10 +155,11 @@ class SGLangEngine(SampleRunner, RolloutEngine):
     def recover_servers(self) -> None:
         """Undo what a killed predecessor may have left on servers we did not start: an open
         weight-update session (``/begin_weight_update`` would be refused) and paused generation
-        (every request would wait at the gate). Its broadcast group stays registered on the
-        server; ours gets another name (``weight_sync/distributed_broadcast.py``). The weights
-        may be half-updated: the trainer syncs its own before the first rollout, since this
-        engine has no weight version yet. Unreachable servers are left to the health check."""
+        (every request would wait at the gate; ``/ready`` says so without generating), each
+        logged when found. Its broadcast group is destroyed at our first sync when the run
+        recorded its name (``weight_sync/distributed_broadcast.py``). The weights may be half
+        updated: the trainer syncs its own before the first rollout, since this engine has no
+        weight version yet. Unreachable servers are left to the health check."""
         for s in self.pool.servers:
             try:
                 s.client.end_weight_update()
@@ -170,7 +171,11 @@ class SGLangEngine(SampleRunner, RolloutEngine):
                 log.warning("rollout server %s: %s", s.address, exc)
                 continue
             try:
+                paused = not s.client.ready()
                 s.client.continue_generation()
+                if paused:
+                    log.warning("rollout server %s had generation paused (a previous trainer "
+                                "died inside a sync): continued it", s.address)
             except (api.ServerRefused, ServerUnavailable) as exc:
                 log.warning("rollout server %s: continuing generation: %s", s.address, exc)
 

@@ -8,7 +8,7 @@ names such as ``"bfloat16"``) and ``shapes`` over HTTP and gets the bytes over t
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -25,11 +25,33 @@ def parse_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Concatenate the raw bytes of ``tensors`` -> uint8 [sum of byte sizes]."""
+def flatten(tensors: Sequence[torch.Tensor], out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Concatenate the raw bytes of ``tensors`` -> a new uint8 [sum of byte sizes], or into
+    ``out`` (uint8, exactly that many bytes)."""
     if not tensors:
         raise ValueError("cannot flatten an empty bucket")
-    return torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+    parts = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors]
+    return torch.cat(parts) if out is None else torch.cat(parts, out=out)
+
+
+def contiguous_bytes(tensors: Sequence[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The bytes of ``tensors`` as one uint8 *view* (no copy) when they already lie back to
+    back, in order, in one storage, as the learner's gather leaves most buckets (experts
+    received rank after rank, an embedding whose padding rows were cut off the end); else None.
+    The view aliases their memory: only for a reader that is done before they change."""
+    if not tensors or any(not t.is_contiguous() or t.numel() == 0 for t in tensors):
+        return None
+    first = tensors[0]
+    base = first.untyped_storage().data_ptr()
+    start = first.storage_offset() * first.element_size()
+    end = start
+    for t in tensors:
+        if (t.untyped_storage().data_ptr() != base or t.device != first.device
+                or t.storage_offset() * t.element_size() != end):
+            return None
+        end += t.numel() * t.element_size()
+    flat = first.detach().reshape(-1).view(torch.uint8)
+    return flat.as_strided((end - start,), (1,), start)
 
 
 def byte_size(dtype: torch.dtype, shape: Sequence[int]) -> int:

@@ -24,6 +24,7 @@ from typing import Dict, List, Optional, Set
 
 import torch
 
+from gspo_megatron.faults import kill_points
 from gspo_megatron.rollout.routed_experts import MalformedRouting, decode_sglang
 from gspo_megatron.rollout.sglang import api
 from gspo_megatron.rollout.sglang.client import ServerUnavailable
@@ -80,11 +81,21 @@ class SampleRunner:
                 self.pool.answered(server, rid)
             raise
         self.pool.answered(server, rid)
+        if kill_points.armed("rollout"):
+            self._kill_if_others_in_flight(rid)
         if result.finish_reason == "abort":
             ours = self.control.pause_epoch != epoch
             raise _Retry(f"{server.address}: request {rid} aborted", free=ours,
                          cut=result if ours else None)
         return result
+
+    def _kill_if_others_in_flight(self, rid: str) -> None:
+        """The ``rollout`` kill point (test hook, ``faults/kill_points.py``): dies once an answer
+        came back while other requests of ours are still running on a server."""
+        in_flight = self.pool.in_flight()
+        if in_flight:
+            kill_points.kill("rollout", f"{rid} answered, {len(in_flight)} requests in flight: "
+                                        f"{in_flight[:3]}")
 
     def _run_sample(self, req: GenerationRequest, idx: int, params: SamplingParams,
                     counts: BatchCounts) -> Sample:

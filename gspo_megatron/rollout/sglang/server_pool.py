@@ -105,6 +105,11 @@ class ServerPool:
         with self._lock:
             server.sent_rids.discard(rid)
 
+    def in_flight(self) -> List[str]:
+        """``<address>/<request id>`` of every request sent and not yet answered."""
+        with self._lock:
+            return sorted(f"{s.address}/{rid}" for s in self.servers for rid in s.sent_rids)
+
     def take_sent(self, server: ServerState) -> List[str]:
         """The ids sent to ``server`` and not answered, forgotten here (the sync aborts them),
         while workers may be adding and answering others."""

@@ -9,6 +9,7 @@ server would refuse fails the tests here too.
   by tests/test_rollout_sglang_conformance.py); a wrong method answers 405, an unknown path 404.
 - ``/generate``: :mod:`rollout.standin.request_validation` (JSON contract, context length, token ids);
   waits while generation is paused; cancelled by ``/abort_request`` or a client disconnect.
+- ``/ready``: 200, or 503 while generation is paused (no token generated).
 - ``/health`` and ``/health_generate`` generate one token (0.5.23 enables generation on both):
   200 once any decoding step ran after the call, 503 after ``health_timeout_s`` (SGLang's
   ``SGLANG_HEALTH_CHECK_TIMEOUT``, 20 s) or while memory is released.
@@ -58,7 +59,8 @@ FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. (When th
 
 ROUTES: Dict[str, Tuple[str, ...]] = {
     api.GENERATE: ("POST", "PUT"), api.HEALTH: ("GET",), api.HEALTH_GENERATE: ("GET",),
-    api.MODEL_INFO: ("GET",), api.MODEL_INFO_DEPRECATED: ("GET",), api.SERVER_INFO: ("GET",),
+    api.READY: ("GET",), api.MODEL_INFO: ("GET",), api.MODEL_INFO_DEPRECATED: ("GET",),
+    api.SERVER_INFO: ("GET",),
     api.FLUSH_CACHE: ("GET", "POST"), api.PAUSE: ("POST",), api.CONTINUE: ("POST",),
     api.ABORT: ("POST",), api.RELEASE_MEMORY: ("GET", "POST"), api.RESUME_MEMORY: ("GET", "POST"),
     api.BEGIN_UPDATE: ("POST",), api.END_UPDATE: ("POST",), api.INIT_GROUP: ("POST",),
@@ -280,6 +282,8 @@ class ReferenceServer:
             return self.handle_generate(body, client_gone)
         if path in (api.HEALTH, api.HEALTH_GENERATE):
             return self.handle_health()
+        if path == api.READY:  # SGLang answers with an empty body
+            return (503 if self.scheduler.paused else 200), ""
         if path in (api.MODEL_INFO, api.MODEL_INFO_DEPRECATED):
             return 200, {"model_path": self.model_path, "is_generation": True,
                          "weight_version": self.weight_version, "load_format": "auto"}
