@@ -96,3 +96,5 @@ def test_convert_and_export_hold_the_model_once(ahead):
     source, back = _tensors(ahead.dir / "medium_hf"), _tensors(ahead.dir / "medium" / "hf")
     assert source.keys() == back.keys()
     assert all(torch.equal(source[n].view(torch.int16), back[n].view(torch.int16)) for n in source)
+    exported = ahead.dir / "medium" / "hf" / "config.json"
+    assert (ahead.dir / "medium_hf" / "config.json").read_bytes() == exported.read_bytes()
