@@ -64,7 +64,8 @@ SIDE_NAMES = {"trl": "TRL", "gspo": "on-policy", "gspo_learner_lp": "on-policy, 
               "gspo_overlap": "overlap"}
 LOGPROB_SOURCE = {  # where each gspo side's pi_old comes from (TRL recomputes it: a forward pass)
     "gspo": "the engine's log-probs (`algo.old_logprob_source=rollout`, no extra forward pass)",
-    "gspo_learner_lp": "the learner's (`algo.old_logprob_source=learner`, one forward pass, as TRL)",
+    "gspo_learner_lp": "the learner's log-probs (`algo.old_logprob_source=learner`, one forward "
+                       "pass, as TRL: equal work)",
     "gspo_overlap": "the engine's log-probs",
 }
 RECORD_KEYS = ("args", "sides", "rows", "wall_s", "started", "num_cpus")
@@ -326,7 +327,8 @@ def headline(record: dict) -> str:
         lo, hi = min(vals), max(vals)
         return fmt.format(lo) if lo == hi else f"{fmt.format(lo)}-{fmt.format(hi)}"
 
-    parts = [f"{SIDE_NAMES[s]}{' (`rollout.overlap_one_step=true`)' * (s == 'gspo_overlap')} "
+    headline_names = dict(SIDE_NAMES, gspo_learner_lp=SIDE_NAMES["gspo"])  # the source says it
+    parts = [f"{headline_names[s]}{' (`rollout.overlap_one_step=true`)' * (s == 'gspo_overlap')} "
              f"with {LOGPROB_SOURCE[s]} **{span([ratios(r)[s] for r in rows], '{:.2f}')}x**"
              for s in sides if s != "trl"]
     text = (f"**Speed** against TRL's `GRPOTrainer` over {len(rows)} shapes of a tiny MoE "

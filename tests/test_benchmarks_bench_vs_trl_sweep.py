@@ -217,3 +217,15 @@ def test_the_headline_cites_the_committed_record():
     record["results_path"] = "benchmarks/results/vs_trl_sweep.json"
     assert "from [benchmarks/results/vs_trl_sweep.json](benchmarks/results/vs_trl_sweep.json)" \
         in sweep.headline(record)
+
+
+def test_the_committed_headline_and_section_are_what_the_committed_record_renders():
+    """Issue 41 item 6: the README's speed line and docs/performance.md's sweep section come
+    from ``benchmarks/results/vs_trl_sweep.json`` as committed: a hand edit of either, or a
+    record committed without rendering it, fails here."""
+    repo = Path(__file__).resolve().parents[1]
+    record = sweep.load_record(repo / "benchmarks" / "results" / "vs_trl_sweep.json")
+    readme, doc = (repo / "README.md").read_text(), (repo / "docs" / "performance.md").read_text()
+    assert sweep.headline(record) in readme, "README: rerun bench_vs_trl.py --sweep --from-results"
+    assert sweep.section(record) in doc, "docs/performance.md: rerun ... --from-results"
+    assert "old_logprob_source=learner" in sweep.headline(record)  # the equal-work column is in it

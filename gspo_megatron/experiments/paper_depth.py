@@ -80,7 +80,8 @@ def depth_sentence(depth_out: Optional[Path], figure: str) -> str:
                "the mechanism the paper names (a routing change in one layer shifting all later "
                "ones) does not compound at this width up to "
                f"{points[-1].layers} layers; the paper's ~10% at 48 layers comes with 128 experts "
-               "top-8 and a much wider model, which this machine cannot run")
+               "top-8 and a much wider model, which this machine runs at one layer only (the "
+               "expert-count section below)")
     return (f"{verdict} (runs of `tools/volatility_vs_depth.py` under `{depth_out}`, its own "
             "table in [volatility_vs_depth.md](volatility_vs_depth.md); "
             f"{points[0].num_steps} GRPO steps after the same cold-start loss, "
