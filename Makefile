@@ -45,8 +45,10 @@ QWEN3_ASSETS ?= runs/qwen3_30b_a3b_l1
 qwen3-assets: install
 	test -d $(QWEN3_ASSETS) || $(PY) tools/make_qwen3_assets.py $(QWEN3_ASSETS)
 
+# The modules in a fresh shuffled order each run (tests/module_order.py; the seed is printed at
+# the end: GSPO_TEST_ORDER=shuffle:<seed> repeats it, GSPO_TEST_ORDER=file keeps the files' order).
 test: install system-deps sglang-venv
-	$(PY) -m pytest -q -ra --durations=30
+	GSPO_TEST_ORDER=$${GSPO_TEST_ORDER:-shuffle} $(PY) -m pytest -q -ra --durations=30
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"

@@ -53,6 +53,10 @@ class Command:
     started while the first tests, which hold no server, run."""
     foreground_priority: bool = False
     """Not at nice 19: its own timing matters (a memory sampler must not miss a peak)."""
+    min_available_gib: float = 0.0
+    """Started only once the machine has this much memory available (``MemAvailable``): real
+    servers run ahead must not meet the foreground's own servers on a 24 GiB machine, in
+    whichever order the modules run (``tests/module_order.py``)."""
 
     def job(self, out_dir: Path) -> dict:
         def fill(text: str) -> str:  # only these three: a command's own braces stay as they are
@@ -63,7 +67,8 @@ class Command:
 
         return {"argv": [fill(a) for a in self.argv], "env": dict(self.env), "cwd": fill(self.cwd),
                 "timeout_s": self.timeout_s, "waits": self.waits, "early": self.early,
-                "foreground_priority": self.foreground_priority, "dir": str(out_dir)}
+                "foreground_priority": self.foreground_priority,
+                "min_available_gib": self.min_available_gib, "dir": str(out_dir)}
 
 
 @dataclass

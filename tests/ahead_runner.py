@@ -7,7 +7,8 @@ foreground loses next to nothing to them and an idle core is what they use; a te
 its own), except those asking for ``foreground_priority`` (a memory sampler that must not
 starve). Every ``waits`` command starts at once (they mostly wait on the network); the others
 run in two lanes, one command at a time in each: the ``early`` ones, and the rest in the plan's
-order. Each command runs in a session of its own in its directory's files (``stdout``,
+order. A command that asks for memory (``min_available_gib``) waits, first in its lane, until
+the machine has it available. Each command runs in a session of its own in its directory's files (``stdout``,
 ``stderr``, ``pgid``); when it ends, ``result.json`` gets its exit code, seconds, CPU-seconds
 (its whole waited-for tree, from ``wait4``) and the nice value it started at. A command past its
 timeout is killed with its process group (exit code -9). SIGTERM, or the end of the session's
@@ -25,6 +26,20 @@ import time
 from pathlib import Path
 
 POLL_S = 0.2
+
+
+def available_gib() -> float:
+    """The kernel's estimate of memory available to a new process (``MemAvailable``), GiB."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    return float("inf")  # an old kernel: no estimate, no wait
+
+
+def fits(job: dict) -> bool:
+    """Whether ``job`` may start now: the memory it asks for is available."""
+    return available_gib() >= job.get("min_available_gib", 0.0)
 
 
 def _start(job: dict, nice: int) -> subprocess.Popen:
@@ -85,7 +100,7 @@ def run(plan: list, nice: int = 0) -> None:
         if os.getppid() != session:  # the session died without ending us (SIGKILL, SIGTERM)
             stop(signal.SIGTERM, None)
         busy = {job["early"] for job, _, _ in running.values() if not job["waits"]}
-        ready = [lane for lane in lanes if lane and lane[0]["early"] not in busy]
+        ready = [lane for lane in lanes if lane and lane[0]["early"] not in busy and fits(lane[0])]
         if ready:
             start(ready[0].pop(0))
             continue

@@ -29,7 +29,7 @@ import time
 
 import pytest
 
-pytest_plugins = ("tests.cpu_durations", "tests.ahead")
+pytest_plugins = ("tests.cpu_durations", "tests.ahead", "tests.module_order")
 THREAD_GRACE_S = 5.0
 PROCESS_WIDE_THREADS = ("tqdm_monitor", "_ResourceSharer._serve")
 """tqdm's monitor (started by the first progress bar, e.g. transformers loading a checkpoint)

@@ -149,3 +149,34 @@ def test_a_killed_session_leaves_no_command_running(tmp_path):
             return
         time.sleep(0.1)
     raise AssertionError(f"the command {pid} outlived its killed session")
+
+
+def test_a_command_waits_for_the_memory_it_asks_for(tmp_path):
+    """``min_available_gib``: a command whose memory is not available does not start (the lane
+    behind it waits too), while the other lane runs."""
+    from tests import ahead_runner
+
+    have = ahead_runner.available_gib()
+    assert 0 < have < 10**4
+    assert ahead_runner.fits({"min_available_gib": 0.0})
+    assert not ahead_runner.fits({"min_available_gib": have + 10**6})
+    jobs = []
+    for name, early, gib in (("big", True, have + 10**6), ("small", False, 0.0)):
+        (tmp_path / name).mkdir()
+        jobs.append({"argv": [sys.executable, "-c", "print('ran')"], "env": {}, "cwd": str(tmp_path),
+                     "timeout_s": 60, "waits": False, "early": early, "foreground_priority": False,
+                     "min_available_gib": gib, "dir": str(tmp_path / name)})
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(jobs))
+    runner = subprocess.Popen([sys.executable, ahead_runner.__file__, str(plan)])
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "small" / "result.json").exists():
+            assert time.monotonic() < deadline and runner.poll() is None
+            time.sleep(0.1)
+        time.sleep(1.0)  # five of the runner's polls
+        assert not (tmp_path / "big" / "pgid").exists()  # never started
+        assert runner.poll() is None  # still waiting for it
+    finally:
+        runner.terminate()
+        runner.wait(timeout=30)

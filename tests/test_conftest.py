@@ -57,10 +57,12 @@ def test_victim():
 
 def conftest_package(tmp_path: Path) -> Path:
     """``tmp_path/tests``: this repository's conftest and the plugins it loads
-    (``tests.cpu_durations``, ``tests.ahead``), as the package they are in here."""
+    (``tests.cpu_durations``, ``tests.ahead``, ``tests.module_order``), as the package they are
+    in here."""
     package = tmp_path / "tests"
     package.mkdir()
-    for name in ("__init__.py", "conftest.py", "cpu_durations.py", "ahead.py", "ahead_runner.py"):
+    for name in ("__init__.py", "conftest.py", "cpu_durations.py", "ahead.py", "ahead_runner.py",
+                 "module_order.py"):
         shutil.copy(REPO / "tests" / name, package / name)
     return package
 

@@ -52,7 +52,8 @@ write_json(observed, out / "real_server_behaviour.json", time.monotonic() - t0, 
            timings=timings)
 """
 AHEAD = {"test_the_stand_in_behaves_like_the_real_server_and_the_doc_says_what_it_does": Command(
-    ["{python}", "-c", OBSERVE, "{dir}"], early=True, foreground_priority=True, timeout_s=1200)}
+    ["{python}", "-c", OBSERVE, "{dir}"], early=True, foreground_priority=True, timeout_s=1200,
+    min_available_gib=9.0)}
 """The probes (three real-server starts, ~100 CPU-seconds) while the first tests of the session
 run, which hold no server (``tests/ahead.py``); at the foreground's priority: the idle-CPU probe
 measures a spinning server's share of a core."""

@@ -101,7 +101,8 @@ finally:
 print(json.dumps({"port": port, "error": error, "seconds": time.monotonic() - t0}))
 """
 AHEAD = {"test_a_real_server_whose_port_is_taken_fails_the_start_naming_it": Command(
-    ["{python}", "-c", PORT_TAKEN, "{dir}"], early=True, foreground_priority=True, timeout_s=900)}
+    ["{python}", "-c", PORT_TAKEN, "{dir}"], early=True, foreground_priority=True, timeout_s=900,
+    min_available_gib=5.0)}
 """The start (a real server, ~35 CPU-seconds) in the background while the first tests of the
 session run (``tests/ahead.py``), at the foreground's priority: its time is checked."""
 

@@ -467,7 +467,8 @@ finally:
 sys.exit("it started")
 """
 AHEAD = {"test_routed_experts_capture_needs_cuda_on_the_cpu_engine": Command(
-    ["{python}", "-c", R3_START, "{dir}"], early=True, foreground_priority=True, timeout_s=600)}
+    ["{python}", "-c", R3_START, "{dir}"], early=True, foreground_priority=True, timeout_s=600,
+    min_available_gib=5.0)}
 """The start that dies (~30 CPU-seconds of a server start), in the background while the first
 tests of the session run (``tests/ahead.py``); at the foreground's priority, as its start-up
 deadline (``START_TIMEOUT_S``) is what it was in the test."""
