@@ -6,16 +6,13 @@ engine, 8 experts top-2 and 16 top-8, one GSPO step each)."""
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from gspo_megatron.experiments import paper_experts as pe
+from tests.ahead import Command
 from tools import volatility_vs_experts as tool
 
-REPO = Path(__file__).resolve().parents[1]
 SETTING = {"command": "python tools/volatility_vs_experts.py", "date": "today", "cpus": 2,
            "load": "1.0", "code": "abc", "what": "Compared: two routings."}
 
@@ -72,19 +69,27 @@ def test_paper_report_carries_the_section_over(tmp_path):
     assert pe.existing_section(tmp_path / "missing.md") == pe.empty_section()
 
 
+SMOKE = """
+import subprocess, sys
+from gspo_megatron.experiments import paper_experts as pe
+out = Path(sys.argv[1])
+(out / "doc.md").write_text("# Doc\\n\\n" + pe.empty_section() + "\\n")
+sys.exit(subprocess.call([sys.executable, "tools/volatility_vs_experts.py", "--out",
+                          str(out / "runs"), "--smoke", "--doc", str(out / "doc.md")]))
+"""
+AHEAD = {"test_smoke_run_writes_the_section": Command(["{python}", "-c", SMOKE, "{dir}"])}
+"""The smoke's training runs (~20 CPU-seconds), in the background while the tests before it run
+(``tests/ahead.py``)."""
+
+
 @pytest.mark.slow
-def test_smoke_run_writes_the_section(tmp_path):
-    doc = tmp_path / "doc.md"
-    doc.write_text("# Doc\n\n" + pe.empty_section() + "\n")
-    proc = subprocess.run([sys.executable, "tools/volatility_vs_experts.py", "--out",
-                           str(tmp_path / "runs"), "--smoke", "--doc", str(doc)], cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    text = doc.read_text()
+def test_smoke_run_writes_the_section(ahead):
+    assert ahead.returncode == 0, ahead.stderr[-3000:]
+    text = (ahead.dir / "doc.md").read_text()
     assert "| 8 experts top-2 | 1 |" in text and "| 16 experts top-8 | 1 |" in text
-    config = (tmp_path / "runs" / "e16_top8" / "assets" / "model" / "config.json").read_text()
+    config = (ahead.dir / "runs" / "e16_top8" / "assets" / "model" / "config.json").read_text()
     assert '"num_experts": 16' in config and '"num_experts_per_tok": 8' in config
-    assert not (tmp_path / "runs" / "e16_top8" / "run" / "checkpoints").exists()  # deleted
+    assert not (ahead.dir / "runs" / "e16_top8" / "run" / "checkpoints").exists()  # deleted
 
 
 def test_render_rewrites_the_section_from_the_saved_points(tmp_path):
