@@ -40,6 +40,52 @@ def test_layout_that_does_not_fit_the_world_is_refused():
         init_distributed(ParallelConfig(world_size=4), environ=env)
 
 
+RENDEZVOUS = """
+import json, socket, sys
+from gspo_megatron.config import ConfigError
+from gspo_megatron.config.schema import ParallelConfig
+from gspo_megatron.distributed import runtime
+taken = socket.socket()
+taken.bind(("127.0.0.1", 0))
+taken.listen()
+port = taken.getsockname()[1]
+runtime.free_port = lambda: port  # what another process binding the picked port first looks like
+env = json.loads(sys.argv[1])
+env.update(MASTER_PORT=str(port)) if env else None
+try:
+    info = runtime.init_distributed(ParallelConfig(), environ=env)
+    print("up", info.launch.launcher, runtime.dist.get_world_size())
+    runtime.shutdown_distributed()
+except ConfigError as exc:
+    print("refused", port, exc)
+"""
+
+
+def _rendezvous(env: dict) -> str:
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", RENDEZVOUS, json.dumps(env)], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_one_process_meets_itself_without_a_port_and_a_taken_port_is_named():
+    """One process needs no TCP port (a picked one can be taken before it is bound: a trainer
+    failed so in a reliability run, EADDRINUSE deep in torch); several that cannot bind theirs
+    get an error naming MASTER_ADDR:MASTER_PORT, not torch's traceback. In a fresh interpreter:
+    the default process group is global."""
+    assert _rendezvous({}) == "up single 1"
+    refused = _rendezvous({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                           "MASTER_ADDR": "127.0.0.1"})
+    port = refused.split()[1]
+    assert refused.startswith("refused") and (f"rank 0 of 2 (torchrun) could not meet the others "
+                                              f"at 127.0.0.1:{port} (MASTER_ADDR / MASTER_PORT)") \
+        in refused and "EADDRINUSE" in refused, refused
+
+
 def _forward_backward(rank: int, layout: dict) -> dict:
     """Train-mode forward + backward through Megatron's own schedule for this layout."""
     from megatron.core.pipeline_parallel import get_forward_backward_func

@@ -179,6 +179,7 @@ def _exit_code(exc: BaseException, run_dir: Path, log: logging.Logger) -> Option
 
 
 def _run(cfg, preemption, log: logging.Logger) -> int:
+    from gspo_megatron.config import ConfigError
     from gspo_megatron.distributed.child_processes import children_die_with_this_process
     from gspo_megatron.distributed.runtime import init_distributed, shutdown_distributed
     from gspo_megatron.distributed.startup_gc import collector_paused_for_start_up
@@ -189,8 +190,12 @@ def _run(cfg, preemption, log: logging.Logger) -> int:
     run_dir = Path(cfg.logging.run_dir)
     created_run_dir = not run_dir.exists()
     lock = RunDirLock(run_dir)
-    with collector_paused_for_start_up():  # imports and model building: no garbage to find
-        runtime = init_distributed(cfg.parallel, seed=cfg.trainer.seed)
+    try:
+        with collector_paused_for_start_up():  # imports and model building: no garbage to find
+            runtime = init_distributed(cfg.parallel, seed=cfg.trainer.seed)
+    except ConfigError as exc:  # a layout these processes cannot run, a rendezvous that failed
+        log.error("%s", exc)
+        return EXIT_CONFIG
     finished = False
     try:
         from gspo_megatron.trainer.build import build_parts

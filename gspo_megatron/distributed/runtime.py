@@ -106,6 +106,26 @@ def detect_launch_env(environ: Optional[dict] = None) -> LaunchEnv:
     return LaunchEnv(0, 1, 0, "127.0.0.1", free_port(), "single")
 
 
+def _init_default_group(launch: LaunchEnv, backend: str, timeout: timedelta) -> None:
+    """The default process group. One process rendezvouses with itself through an in-process
+    store: a TCP store on a port picked ahead (``free_port``) loses when another process binds
+    that port first (EADDRINUSE; seen when trainers start side by side). Several processes meet
+    at ``MASTER_ADDR:MASTER_PORT``; a port that cannot be bound is a clear error naming it."""
+    if launch.launcher == "single":
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timeout)
+        return
+    try:
+        dist.init_process_group(
+            backend=backend, init_method=f"tcp://{launch.master_addr}:{launch.master_port}",
+            rank=launch.rank, world_size=launch.world_size, timeout=timeout)
+    except dist.DistNetworkError as exc:
+        raise ConfigError(
+            f"rank {launch.rank} of {launch.world_size} ({launch.launcher}) could not meet the "
+            f"others at {launch.master_addr}:{launch.master_port} (MASTER_ADDR / MASTER_PORT): "
+            f"{str(exc).splitlines()[0]}") from None
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -145,10 +165,7 @@ def init_distributed(parallel: ParallelConfig, seed: int = 1234,
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     if not dist.is_initialized():
-        dist.init_process_group(
-            backend=backend, init_method=f"tcp://{launch.master_addr}:{launch.master_port}",
-            rank=launch.rank, world_size=launch.world_size,
-            timeout=timedelta(minutes=timeout_minutes))
+        _init_default_group(launch, backend, timedelta(minutes=timeout_minutes))
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=parallel.tp,
