@@ -6,6 +6,7 @@ client disconnect, a /health_generate that generates, pause / continue, flush re
 requests run, the weight-update session, and colocated memory release.
 """
 
+import os
 import threading
 import time
 
@@ -153,6 +154,24 @@ def test_client_disconnect_cancels_the_request(policy):
         assert _gen(srv, max_new_tokens=2).status_code == 200
     finally:
         srv.stop()
+
+
+def test_a_process_with_over_1024_open_descriptors_is_still_served(policy):
+    """The handler checks for a gone client on every step; ``select.select`` refused any
+    descriptor >= 1024, so in a long test session (fresh clone 6: some earlier test had opened
+    that many) every request to the stand-in failed with 'Remote end closed connection'."""
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # the server's socket above
+    srv = _slow_server(policy)
+    try:
+        with pytest.raises(requests.ReadTimeout):  # and a client that gives up is still seen
+            _post(srv, api.GENERATE, api.generate_payload(
+                "gone", [3, 4], SamplingParams(max_new_tokens=500), 1), timeout=0.5)
+        _wait(lambda: not srv.scheduler.running, timeout=3.0)
+        assert _gen(srv, max_new_tokens=2).status_code == 200
+    finally:
+        srv.stop()
+        for fd in held:
+            os.close(fd)
 
 
 def test_health_generate_generates_and_is_unhealthy_while_paused(server):

@@ -71,6 +71,7 @@ def test_paper_report_carries_the_section_over(tmp_path):
 
 SMOKE = """
 import subprocess, sys
+from pathlib import Path
 from gspo_megatron.experiments import paper_experts as pe
 out = Path(sys.argv[1])
 (out / "doc.md").write_text("# Doc\\n\\n" + pe.empty_section() + "\\n")

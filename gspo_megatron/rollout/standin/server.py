@@ -328,8 +328,12 @@ class ReferenceServer:
             protocol_version = "HTTP/1.1"
 
             def _client_gone(self) -> bool:
+                # poll, not select: select refuses a descriptor >= 1024 (FD_SETSIZE), which a
+                # long-lived process (the test session) reaches: every request then failed
+                poller = select.poll()
+                poller.register(self.connection, select.POLLIN)
                 try:
-                    readable, _, _ = select.select([self.connection], [], [], 0)
+                    readable = poller.poll(0)
                     return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
                 except OSError:
                     return True
