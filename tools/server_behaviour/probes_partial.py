@@ -132,9 +132,19 @@ def _retract_then_update(ctx: Context, t: Target, model_dir: Path) -> str:
             f"tokens, {_spans(answer)}, `num_retractions` {meta.get('num_retractions')}")
 
 
+def _seconds_for(t: Target, ids: List[int], tokens: int) -> float:
+    """How long ``t`` takes now for ``tokens`` greedy tokens of ``ids``: its pace on a machine
+    that may be busy (a fixed wait let a loaded server stream none of a request's tokens)."""
+    start = time.monotonic()
+    t.call("POST", api.GENERATE, generate_body("pace", ids, temperature=0, max_new_tokens=tokens),
+           timeout_s=120)
+    return time.monotonic() - start
+
+
 def _retract_then_abort(ctx: Context, t: Target) -> str:
+    pace = _seconds_for(t, ctx.prompts[2], 60)
     worker, done = _long_request(t, "retracted2", ctx.prompts[2])
-    time.sleep(RUN_BEFORE_S)  # well over 50 tokens generated
+    time.sleep(max(RUN_BEFORE_S, 1.5 * pace))  # well over 50 tokens generated, at this pace
     pause = t.call("POST", api.PAUSE, api.pause_payload("retract"))
     if pause.status != 200:
         t.call("POST", api.ABORT, {"rid": "retracted2"})

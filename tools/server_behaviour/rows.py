@@ -93,7 +93,8 @@ ROWS: List[Row] = [
         "not used: a retracted request's partial response stays on its server (lost with it, "
         "bound to it, not saved by a trainer's checkpoint; next row); we pause with `abort` and "
         "resume from the client", "the stand-in emulates pause mode `abort` only"),
-    Row("abort_retracted", "pause `retract` after 0.6 s, then `/abort_request` of the retracted "
+    Row("abort_retracted", "pause `retract` once ~90 tokens ran (0.3 s + 1.5x the server's time "
+        "for 60 just before, at least 0.6 s), then `/abort_request` of the retracted "
         "request, `/continue_generation`",
         "why a trainer could not take a retracted partial response with it: the abort returns "
         "only what was streamed to the tokenizer (a non-streamed request every "
