@@ -51,7 +51,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.owned_memory import OwnedMemorySampler, owned_bytes, run_measured  # noqa: E402
+from benchmarks.owned_memory import SplitMemorySampler, run_measured  # noqa: E402
 
 GIB = 2 ** 30
 TOLERANCE_FACTOR = 3.0
@@ -93,10 +93,15 @@ def server_phase(model_dir: Path, prompts: List[List[int]], max_new_tokens: int,
     """Start the server, answer every prompt greedily, time decoding, stop it."""
     from tests.real_sglang import RealServer
 
-    me = os.getpid()
-    base = owned_bytes(me)
     server = RealServer(str(model_dir), log_path)
-    with OwnedMemorySampler(me) as sampler:
+
+    def is_server(pid: int) -> bool:  # its launcher, known once started; its children with it
+        return server.process is not None and pid == server.process.pid
+
+    # only the server's own tree: this process may have other children (a test session's
+    # commands run ahead: fresh clone 8 counted them, 6.6 GiB against the server's ~3.3)
+    sampler = SplitMemorySampler(os.getpid(), is_server).start()
+    try:
         t0 = time.monotonic()
         server.start()
         start_s = time.monotonic() - t0
@@ -113,7 +118,9 @@ def server_phase(model_dir: Path, prompts: List[List[int]], max_new_tokens: int,
             batch_s = time.monotonic() - t0
         finally:
             server.stop()
-    peak = sampler.peak_bytes - sampler.peak_by_pid.get(me, base)
+    finally:
+        sampler.stop()
+    peak = sampler.overall()["branch"]
     timings = re.findall(r"Engine startup timings \(s\): (load_weight=[\d.]+).*?"
                          r"(scheduler_e2e=[\d.]+).*?(tokenizer_e2e=[\d.]+)",
                          log_path.read_text(errors="replace"))
