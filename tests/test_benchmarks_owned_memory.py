@@ -73,7 +73,9 @@ def test_a_daemon_left_holding_the_output_does_not_hold_the_run(tmp_path):
     finally:
         os.kill(pid, signal.SIGKILL)
 
-def test_split_sampler_counts_a_marked_child_apart_from_the_rest():
+def test_split_sampler_counts_a_marked_child_apart_from_the_rest(nothing_ahead):
+    # nothing_ahead: "main" is this whole process tree, the commands run ahead included (a
+    # trainer of theirs ending between the phases would read as this process shrinking)
     import os
     import time
 
