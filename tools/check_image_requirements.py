@@ -16,7 +16,10 @@ Needs only the package index (no GPU, no container registry, no Docker). Three s
    redundant or, at another version, ResolutionImpossible at the image's first ``RUN``. Every such
    pin is reported, naming the base's version; nothing else runs until there are none.
 3. **The image's resolution.** A pinned modern pip (``PIP_SPEC``; pip >= 24 answers ``--dry-run``
-   from the index's metadata files without downloading wheels) runs ``pip install --dry-run
+   from the index's metadata files, and ``--use-feature=fast-deps`` reads a wheel's metadata
+   with HTTP range requests where the index has no metadata file: PyPI has none for
+   ``nvidia-cudnn-cu13`` 9.24.0.43, whose whole 553 MB wheel pip fetched otherwise, and a cut
+   download failed the check) runs ``pip install --dry-run
    --report --only-binary=:all: --python-version 3.12 --platform manylinux_2_17..2_35_x86_64
    -c BASE_LOCK -r FILE BASE_REQUIREMENT``: the same constraints the Dockerfile applies, with this
    machine's pip configuration ignored. The report's metadata then has to show:
@@ -154,7 +157,8 @@ def resolve(requirements: Path, pip_wheel: Path, workdir: Path, base_lock: Optio
     constrained by its lock, as the Dockerfile does) for the image's Python."""
     report = workdir / "report.json"
     cmd = [sys.executable, str(pip_wheel / "pip"), "install", "--dry-run", "--quiet", "--ignore-installed",
-           "--report", str(report), "--only-binary=:all:", "--python-version", PYTHON_VERSION,
+           "--report", str(report), "--use-feature=fast-deps", "--only-binary=:all:",
+           "--python-version", PYTHON_VERSION,
            "--implementation", "cp", "--abi", "cp" + PYTHON_VERSION.replace(".", ""),
            *[f"--platform={p}" for p in platforms()], "--target", str(workdir / "target"),
            "-r", str(requirements)]
