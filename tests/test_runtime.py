@@ -9,6 +9,7 @@ import torch
 from gspo_megatron.config import ConfigError
 from gspo_megatron.config.schema import ModelConfig, ParallelConfig
 from gspo_megatron.distributed.runtime import detect_launch_env, init_distributed
+from tests.descriptors import listening_sockets
 from tests.multiproc import run_on_ranks
 
 TINY_MOE = ModelConfig(arch="qwen3_moe", num_layers=2, hidden_size=32, ffn_hidden_size=64,
@@ -147,3 +148,27 @@ def test_tiny_moe_forward_backward_on_two_gloo_ranks():
             assert r[name]["grad_sq"] > 0 and torch.isfinite(torch.tensor(r[name]["grad_sq"])), name
         last = results[-1][name]["loss"]  # the loss lives on the last pipeline stage
         assert last is not None and 2.0 < last < 6.0, f"{name}: unexpected initial loss {last}"
+
+
+def _groups_left_after_shutdown(rank: int) -> list:
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from gspo_megatron.distributed.runtime import shutdown_distributed
+
+    init_distributed(ParallelConfig(), seed=1)
+    held = [name for name, value in vars(parallel_state).items()
+            if isinstance(value, dist.ProcessGroup)]
+    shutdown_distributed()
+    left = [name for name, value in vars(parallel_state).items()
+            if isinstance(value, dist.ProcessGroup)]
+    return [held, left, listening_sockets()]
+
+
+def test_shutdown_leaves_no_group_in_parallel_state():
+    """Megatron-Core 0.16.1's ``destroy_model_parallel`` forgets to reset
+    ``_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP`` (and ``_GLOO``): their gloo group outlived
+    every runtime of the process (its listening socket among its descriptors)."""
+    held, left, listening = run_on_ranks(_groups_left_after_shutdown, world_size=1)[0]
+    assert "_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO" in held and len(held) > 10
+    assert left == [] and listening == 0

@@ -46,3 +46,26 @@ def test_a_failing_start_up_still_restores_and_a_disabled_collector_stays_off():
         print(after_failure, gc.isenabled())
     """)
     assert out == "True False"
+
+
+def test_thawing_after_the_run_lets_its_start_up_cycles_be_collected():
+    """Frozen objects are never collected: a model built during start-up (cycles, gloo groups)
+    would outlive its run in a process that runs again; ``thaw_start_up`` gives it back."""
+    out = _run("""
+        import gc, weakref
+        from gspo_megatron.distributed.startup_gc import collector_paused_for_start_up, thaw_start_up
+
+        class Model:
+            pass
+
+        with collector_paused_for_start_up():
+            model = Model()
+            model.self = model                         # a cycle, as a model's modules make
+            alive = weakref.ref(model)
+        del model
+        gc.collect()
+        frozen_kept_it = alive() is not None
+        thaw_start_up()
+        print(frozen_kept_it, alive() is None, gc.get_freeze_count())
+    """)
+    assert out == "True True 0"

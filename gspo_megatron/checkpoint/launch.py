@@ -80,7 +80,7 @@ def _is_bad_input(exc: BaseException) -> bool:
 def run_collective(parallel: ParallelConfig, fn: Callable[[], object]) -> int:
     """Initialise the runtime for ``parallel``, call ``fn`` on every rank, map errors to codes."""
     from gspo_megatron.distributed.runtime import init_distributed, shutdown_distributed
-    from gspo_megatron.distributed.startup_gc import collector_paused_for_start_up
+    from gspo_megatron.distributed.startup_gc import collector_paused_for_start_up, thaw_start_up
 
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
@@ -107,3 +107,4 @@ def run_collective(parallel: ParallelConfig, fn: Callable[[], object]) -> int:
         return EXIT_ERROR
     finally:
         shutdown_distributed()
+        thaw_start_up()

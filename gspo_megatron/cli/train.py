@@ -109,7 +109,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     code = preemption.exit_code_if_requested("loading the config")
     if code is not None:
         return code
-    return _run(cfg, preemption, log)
+    from gspo_megatron.distributed.startup_gc import thaw_start_up
+
+    try:
+        return _run(cfg, preemption, log)
+    finally:  # after the run's frame is gone, or its parts could not be collected
+        thaw_start_up()
 
 
 def _prepare_run_dir(cfg, runtime, lock) -> None:
@@ -197,6 +202,7 @@ def _run(cfg, preemption, log: logging.Logger) -> int:
         log.error("%s", exc)
         return EXIT_CONFIG
     finished = False
+    parts = None
     try:
         from gspo_megatron.trainer.build import build_parts
         from gspo_megatron.trainer.loop import run_training
@@ -205,7 +211,6 @@ def _run(cfg, preemption, log: logging.Logger) -> int:
         with collector_paused_for_start_up():
             parts = build_parts(cfg, runtime, preemption)
         if _any_rank(runtime, preemption.requested):  # signalled while building: requeue
-            parts.close()
             return preemption.exit_code_if_requested("building the run") or REQUEUE_EXIT_CODE
         _write_config(cfg, runtime)
         code = run_training(parts)
@@ -217,6 +222,8 @@ def _run(cfg, preemption, log: logging.Logger) -> int:
             raise
         return code
     finally:
+        if parts is not None:  # run_training closed them already unless something failed first
+            parts.close()
         lock.release()
         if created_run_dir and not finished and run_dir.is_dir() and not any(run_dir.iterdir()):
             run_dir.rmdir()  # a start that failed leaves no trace

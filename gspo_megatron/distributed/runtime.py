@@ -190,5 +190,29 @@ def shutdown_distributed() -> None:
 
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
+    _drop_groups_left_in(parallel_state)
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _drop_groups_left_in(module) -> None:
+    """Forget the process groups ``destroy_model_parallel`` leaves in ``parallel_state``.
+
+    Megatron-Core 0.16.1 never resets ``_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP`` and its
+    ``_GLOO`` twin (megatron/core/parallel_state.py: set in ``initialize_model_parallel``, absent
+    from ``destroy_model_parallel``), so a gloo group, with its sockets, epoll and pipes, outlived
+    each runtime (8 descriptors per init/shutdown, measured). Every module-level group is
+    dropped, not only those two, so a group a later version leaves behind is dropped too."""
+    for name, value in list(vars(module).items()):
+        if name.startswith("_") and name.isupper() and _holds_a_group(value):
+            setattr(module, name, None)
+
+
+def _holds_a_group(value) -> bool:
+    if isinstance(value, dist.ProcessGroup):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(isinstance(v, dist.ProcessGroup) for v in value)
+    if isinstance(value, dict):
+        return any(isinstance(v, dist.ProcessGroup) for v in value.values())
+    return False

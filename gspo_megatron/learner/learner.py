@@ -54,6 +54,7 @@ from gspo_megatron.learner.freeze import (FrozenParameters, check_same_frozen_gr
 from gspo_megatron.learner.forward import forward_chunk, response_logprobs, split_by_sequence
 from gspo_megatron.learner.optimizer import (build_optimizer, build_scheduler, current_lr,
                                              guarded_step, wrap_ddp)
+from gspo_megatron.learner.release import release_model
 from gspo_megatron.learner.routing import (RECORD, REPLAY, RoutingSession, RoutingTape,
                                            check_routing_supported, chunk_router_layers,
                                            chunk_routers, rollout_tape, routing_change_metrics)
@@ -405,6 +406,12 @@ class Learner:
 
     def save_weights(self, directory) -> None:
         checkpointing.save_model_weights(self.model, directory, self._meta())
+
+    def close(self) -> None:
+        """End this learner's run: its model, optimizer and the process groups they hold can
+        then be freed (``learner/release.py``: Megatron keeps them alive otherwise). Safe to
+        call twice; nothing trains or computes with this learner after it."""
+        release_model(self.model, self.optimizer)
 
 
 def _assemble_sequences(batch: SequenceBatch, parts: List[dict]) -> LogprobOutput:

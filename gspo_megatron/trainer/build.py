@@ -68,6 +68,8 @@ class TrainerParts:
     overlap_threads: Any = None
     """``trainer.overlap_threads.OverlapThreadTuner`` (main rank, overlap with the embedded
     engine): the learner's threads beside the engine's process, and the probe of the overlap."""
+    closed: bool = field(default=False, init=False, repr=False)
+    """Set by :meth:`close`, which then does nothing."""
 
     # ---- weight sync ---------------------------------------------------------------------
     def weight_sync(self) -> Dict[str, float]:
@@ -76,12 +78,25 @@ class TrainerParts:
         return self.syncer(str(self.learner.step))
 
     def close(self) -> None:
+        """Stop the engine (or this stage's sender), then what the learner side holds. Safe to
+        call twice: the loop closes its parts and the CLI closes them again whatever happened."""
+        if self.closed:
+            return
+        self.closed = True
         if self.engine is not None:
             self.engine.shutdown()  # closes its attached transport
         elif self.syncer is not None and self.syncer.transport is not None:
             self.syncer.transport.close()  # a pipeline stage's broadcast sender
+        self.close_learner_side()
+
+    def close_learner_side(self) -> None:
+        """The metrics logger and the learners: what a failed build closes (the engine is its
+        caller's). Without it, each in-process run would keep its model and gloo groups."""
         if self.logger is not None:
             self.logger.close()
+        for learner in (self.learner, self.reference):
+            if learner is not None:
+                learner.close()
 
 
 def _start_engine(cfg, run_dir: Path):
@@ -156,31 +171,45 @@ def _build_around_engine(cfg, runtime, preemption, engine) -> TrainerParts:
     resume_from = plan_resume(cfg, data, runtime.is_main)
     check_initial_weights(cfg, resuming=resume_from is not None)
     learner = Learner(cfg, runtime, total_steps=cfg.trainer.num_steps * cfg.batch.num_mini_batches)
-    checkpoints = RunCheckpoints(cfg, learner, sampler, runtime.is_main, data, resume_from)
+    try:
+        checkpoints = RunCheckpoints(cfg, learner, sampler, runtime.is_main, data, resume_from)
+    except BaseException:
+        learner.close()
+        raise
     parts = TrainerParts(cfg=cfg, runtime=runtime, learner=learner, tokenizer=tokenizer,
                          sampler=sampler, policy_loss=get_policy_loss(cfg.algo.loss),
                          sft_loss=get_policy_loss("sft"),
                          preemption=preemption or PreemptionFlag(), run_dir=run_dir,
                          checkpoints=checkpoints, eval_prompts=eval_records, engine=engine)
+    try:
+        _fill_parts(parts, cfg, runtime, resume_from, train.records, engine)
+    except BaseException:
+        parts.close_learner_side()  # the engine is build_parts' to stop
+        raise
+    return parts
+
+
+def _fill_parts(parts: TrainerParts, cfg, runtime, resume_from, train_records, engine) -> None:
+    """Weights, reference, logger, weight sync, sync check and rewards of a built learner."""
+    learner = parts.learner
     if resume_from is None:  # otherwise the run's own checkpoint holds the weights
         _load_initial(learner, cfg)
     if cfg.algo.kl_coef > 0:
         parts.reference = Learner(cfg, runtime, total_steps=1)
         _load_initial(parts.reference, cfg)
-    parts.logger = MetricsLogger(run_dir, cfg.logging.wandb,
+    parts.logger = MetricsLogger(parts.run_dir, cfg.logging.wandb,
                                  OmegaConf.to_container(cfg, resolve=True), enabled=runtime.is_main)
     parts.syncer = _build_weight_sync(parts, cfg, runtime)
     if cfg.rollout.weight_sync.verify and cfg.rollout.engine in ("sglang", "reference"):
         from gspo_megatron.trainer.sync_check import SyncCheck
 
-        parts.sync_check = SyncCheck(learner, engine, train.records[0].prompt_token_ids,
+        parts.sync_check = SyncCheck(learner, engine, train_records[0].prompt_token_ids,
                                      cfg.rollout.temperature, cfg.rollout.weight_sync.verify_tolerance,
                                      runtime.is_main)
     if runtime.is_main:
-        parts.reward_runner = RolloutScorer(RewardRunner.from_config(cfg.reward), tokenizer)
+        parts.reward_runner = RolloutScorer(RewardRunner.from_config(cfg.reward), parts.tokenizer)
     if runtime.world_size > 1:
         dist.barrier()
-    return parts
 
 
 def _load_initial(learner: Learner, cfg) -> None:
