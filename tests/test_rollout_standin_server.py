@@ -187,6 +187,26 @@ def test_health_generate_generates_and_is_unhealthy_while_paused(server):
     assert requests.get(f"http://{server.address}{api.HEALTH_GENERATE}", timeout=10).status_code == 200
 
 
+def test_a_paused_server_stops_at_once_with_a_health_check_waiting_at_its_gate(policy):
+    """Stopping turns away what waits at the pause gate: a health check held there (up to its
+    timeout, 30 s here) kept its connection's thread, which the stop joins (15 s per stopped
+    paused server in the control tests before)."""
+    srv = ReferenceServer(EmbeddedEngine(*policy), health_timeout_s=30.0).start()
+    try:
+        assert _post(srv, api.PAUSE, {}).json()["status"] == "ok"
+        t, out = _in_thread(requests.get, f"http://{srv.address}{api.HEALTH_GENERATE}", timeout=60)
+        _wait(lambda: len(srv.httpd._connections) >= 1)
+        time.sleep(0.3)  # the check is at the gate (nothing else answers it while paused)
+        assert "r" not in out
+    finally:
+        start = time.monotonic()
+        srv.stop()
+        stop_s = time.monotonic() - start
+    t.join(10)
+    assert stop_s < 5.0 and not t.is_alive()
+    assert srv.scheduler.stopped
+
+
 def test_pause_aborts_running_requests_and_gates_new_ones(policy):
     srv = _slow_server(policy)
     try:
