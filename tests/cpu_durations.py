@@ -113,6 +113,8 @@ class ProcessTreeClock:
         self._excluded: set = set()  # PIDs left out with their descendants (a PID reused later
         # by a process of ours would be left out too: one session does not wrap PIDs around)
         self._live: Dict[int, Tuple[int, int, float, float]] = {}  # ours at the last sample
+        self._unmatched: Dict[tuple, float] = {}  # per parent: reaped growth - children's ends
+        self._counted_reaped: Dict[tuple, float] = {}  # what of that balance is in total_s
         self._self_s, self._reaped_s = _rusage_s(resource.RUSAGE_SELF), 0.0
         self.total_s = self._self_s
         self.self_total_s = self._self_s
@@ -157,6 +159,20 @@ class ProcessTreeClock:
                     self._members[key] = False
         return self._members[key]
 
+    def _reaped_news(self, parent: tuple, growth: float, ended: float) -> float:
+        """What a parent's reaped CPU adds that its children's own samples did not: its growth
+        minus what the children that ended had been counted for. The two are seen in either
+        order (a child can be listed just before its parent reaps it, or be gone from a listing
+        that read its parent before the reap), so the difference is kept as a running balance
+        per parent and only its positive part counts, corrected as the other half arrives: a
+        per-sample ``max(0, growth - ended)`` counted such a child twice (fresh clone 13: 1.23
+        CPU-s for a child that used 0.6)."""
+        balance = self._unmatched.get(parent, 0.0) + growth - ended
+        counted = max(0.0, balance)
+        news = counted - self._counted_reaped.get(parent, 0.0)
+        self._unmatched[parent], self._counted_reaped[parent] = balance, counted
+        return news
+
     def sample(self) -> float:
         """Read every process once; return the total so far."""
         with self._lock:
@@ -171,14 +187,18 @@ class ProcessTreeClock:
             for pid, (ppid, start, own, reaped, _) in self._live.items():
                 if pid not in live or live[pid][1] != start:
                     gone_by_parent[ppid] += own + reaped  # now in its parent's reaped, if waited
+                    self._unmatched.pop((pid, start), None)
+                    self._counted_reaped.pop((pid, start), None)
             added = self_s - self._self_s
-            added += max(0.0, reaped_s - self._reaped_s - gone_by_parent[self._me])
+            added += self._reaped_news((self._me, 0), reaped_s - self._reaped_s,
+                                       gone_by_parent[self._me])
             for pid, (ppid, start, own, reaped, _) in live.items():
                 before = self._live.get(pid)
                 if before is None or before[1] != start:
                     added += own + reaped  # new: all it ran, with the children it already reaped
                 else:
-                    added += (own - before[2]) + max(0.0, reaped - before[3] - gone_by_parent[pid])
+                    added += (own - before[2]) + self._reaped_news(
+                        (pid, start), reaped - before[3], gone_by_parent[pid])
             self.self_total_s += self_s - self._self_s
             self._self_s, self._reaped_s, self._live = self_s, reaped_s, live
             self.total_s += added

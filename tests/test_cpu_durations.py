@@ -11,6 +11,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.test_conftest import conftest_package
 
 BURN_S = 0.6
@@ -113,3 +115,65 @@ def test_off_unless_asked(tmp_path):
                           "test_case.py"], cwd=package, capture_output=True, text=True, timeout=120,
                          env=env)
     assert out.returncode == 0 and "cpu durations" not in out.stdout, out.stdout + out.stderr
+
+
+def _scripted_clock(monkeypatch, samples):
+    """A ``ProcessTreeClock`` whose reads of ``/proc`` and of its own usage follow ``samples``:
+    one ``(children's stat by pid, this process's reaped CPU-s)`` per ``sample()``, in order."""
+    from tests import cpu_durations
+
+    clock = cpu_durations.ProcessTreeClock(interval_s=3600.0)  # sampled by hand only
+    me = clock._me
+    frames = iter(samples)
+    current = {}
+
+    def listdir(path):
+        assert path == "/proc"
+        stats, reaped = next(frames)
+        current.clear()
+        current.update(stats=stats, reaped=reaped)
+        return [str(pid) for pid in stats]
+
+    def proc_stat(path):
+        pid = int(path.rsplit("/", 1)[1])
+        ppid, own, reaped = current["stats"][pid]
+        return (me if ppid == "me" else ppid, 1000 + pid, own, reaped, False)
+
+    self_s = cpu_durations._rusage_s(cpu_durations.resource.RUSAGE_SELF)
+    monkeypatch.setattr(cpu_durations.os, "listdir", listdir)
+    monkeypatch.setattr(cpu_durations, "_proc_stat", proc_stat)
+    monkeypatch.setattr(cpu_durations, "_any_thread_running", lambda pid, but: False)
+    monkeypatch.setattr(cpu_durations, "_rusage_s", lambda who: self_s if who == cpu_durations.resource.RUSAGE_SELF
+                        else current["reaped"])
+    clock._self_s = self_s
+    return clock, self_s
+
+
+def test_a_child_reaped_between_the_listing_and_the_usage_read_counts_once(monkeypatch):
+    """Fresh clone 13: a child that burned 0.6 CPU-s was counted 1.23: it was still listed with
+    its 0.6 s when pytest's reaped CPU, read just after, already held the same 0.6 s."""
+    clock, _ = _scripted_clock(monkeypatch, [
+        ({7: ("me", 0.4, 0.0)}, 0.0),   # running
+        ({7: ("me", 0.6, 0.0)}, 0.6),   # listed as it ended; reaped before the usage read
+        ({}, 0.6),                      # gone
+        ({}, 0.6)])
+    try:
+        totals = [clock.sample() - clock.self_total_s for _ in range(4)]
+    finally:
+        clock.close()
+    assert totals[-1] == pytest.approx(0.6)
+
+
+def test_a_grandchild_reaped_after_its_parent_was_read_counts_once(monkeypatch):
+    """The other order: the grandchild is gone from the listing while its parent's reaped CPU,
+    read earlier in the same listing, does not hold it yet; the next sample's does."""
+    clock, _ = _scripted_clock(monkeypatch, [
+        ({5: ("me", 0.1, 0.0), 9: (5, 0.3, 0.0)}, 0.0),
+        ({5: ("me", 0.1, 0.0)}, 0.0),          # 9 ended at 0.5 s, 5 not updated yet
+        ({5: ("me", 0.1, 0.5)}, 0.0),          # now 5 has reaped it
+        ({5: ("me", 0.1, 0.5)}, 0.0)])
+    try:
+        totals = [clock.sample() - clock.self_total_s for _ in range(4)]
+    finally:
+        clock.close()
+    assert totals[-1] == pytest.approx(0.6)  # 0.1 of the parent, 0.5 of the grandchild
