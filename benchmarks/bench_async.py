@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Sequence
 
+from gspo_megatron.distributed.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 SGLANG_PYTHON = REPO / ".venv-sglang" / "bin" / "python"
 RESULTS = REPO / "benchmarks" / "results" / "async.json"
@@ -63,14 +65,6 @@ def staleness_overrides(k: int, corrected: bool = True) -> List[str]:
     if k >= 2 and corrected:
         out += ["algo.tis.enabled=true", "algo.tis.level=sequence", "algo.tis.cap=2.0"]
     return out
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _train(config: str, run_dir: Path, overrides: Sequence[str]) -> List[dict]:
@@ -157,7 +151,7 @@ def run_speed(args) -> List[dict]:
         for k in args.ks:
             run_dir = args.out / f"speed_{workload}_k{k}"
             rows = _train(WORKLOADS[workload], run_dir, [
-                *base, *REAL_SERVER, f"rollout.sglang.port={_free_port()}",
+                *base, *REAL_SERVER, f"rollout.sglang.port={free_port()}",
                 f"trainer.num_steps={args.num_steps}", "trainer.eval_every_steps=0",
                 *staleness_overrides(k)])
             out.append({"workload": workload, "k": k, **speed_row(rows, args.warmup_steps)})
@@ -176,7 +170,7 @@ def run_parity(args) -> List[dict]:
         for label, k, corrected in PARITY_COLUMNS:
             run_dir = args.out / f"parity_seed{seed}_k{k}{'' if corrected else '_uncorrected'}"
             rows = _train(WORKLOADS["uniform"], run_dir, [
-                *base, *REAL_SERVER, f"rollout.sglang.port={_free_port()}",
+                *base, *REAL_SERVER, f"rollout.sglang.port={free_port()}",
                 f"trainer.num_steps={args.num_steps}", f"trainer.eval_every_steps={args.num_steps}",
                 *staleness_overrides(k, corrected)])
             steps = [r for r in rows if r["step"] >= 1]

@@ -158,7 +158,7 @@ def _worker(case: str, out: str) -> None:
 
 def measure(case: str) -> list:
     """Run the case on fresh processes; returns each rank's result."""
-    from gspo_megatron.distributed.runtime import free_port
+    from gspo_megatron.distributed.ports import free_port
 
     cfg = case_config(case)
     world = world_size(cfg)

@@ -240,7 +240,7 @@ def train_phase(work: Path, assets: Path, steps: int, sglang_python: str,
                 timeout_s: float, extra: Sequence[str] = ()) -> dict:
     """``gspo-train`` for ``steps`` steps under the split sampler; rows, peaks, wall time
     (also written to ``work/train.json``). ``extra``: more config overrides."""
-    from gspo_megatron.distributed.runtime import free_port
+    from gspo_megatron.distributed.ports import free_port
 
     run_dir = work / "run"
     work.mkdir(parents=True, exist_ok=True)

@@ -101,7 +101,7 @@ def _gather_rank(rank: int, world: int, port: int, hf_dir: str, layout: Dict, re
 def measure_gathers(repeats: int) -> Dict:
     import torch.multiprocessing as mp
 
-    from gspo_megatron.distributed.runtime import free_port
+    from gspo_megatron.distributed.ports import free_port
 
     with tempfile.TemporaryDirectory() as tmp:
         save_tiny_model(*build_tiny_policy(seed=0, **GATHER_MODEL), os.path.join(tmp, "m"))

@@ -130,22 +130,6 @@ def pytest_sessionfinish(session) -> None:
                 pass
 
 
-def wait_until_done(config, timeout_s: float = 1800.0) -> None:
-    """Until every command run ahead has ended (the runner exits then): for a test that measures
-    this process's whole tree, of which the runner and its commands are part."""
-    runner = config.stash.get(_RUNNER, None)
-    deadline = time.monotonic() + timeout_s
-    while runner is not None and runner.poll() is None:
-        assert time.monotonic() < deadline, "the commands run ahead did not end in time"
-        time.sleep(0.5)
-
-
-@pytest.fixture
-def nothing_ahead(request) -> None:
-    """The commands run ahead have ended (:func:`wait_until_done`)."""
-    wait_until_done(request.config)
-
-
 def _to_the_foreground(root: int) -> None:
     """Every thread of ``root`` and its descendants at this process's nice value: the session
     now waits for it. Lowering a nice value needs root (``make test`` is: the local Slurm); else

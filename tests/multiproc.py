@@ -24,7 +24,7 @@ from typing import Any, Callable, List
 
 import torch.multiprocessing as mp
 
-from gspo_megatron.distributed.runtime import free_port
+from gspo_megatron.distributed.ports import free_port
 
 
 _PRELOAD = ["tests.rank_preload"]

@@ -34,9 +34,10 @@ from typing import List, Optional, Sequence, Set
 import requests
 
 from gspo_megatron.config.schema import SGLangConfig
-from gspo_megatron.distributed.runtime import free_port
+from gspo_megatron.distributed.ports import free_port
 from gspo_megatron.rollout.sglang import api
 from gspo_megatron.rollout.sglang.client import SGLangServerClient
+from gspo_megatron.rollout.sglang.engine import BIND_FAILURE
 from gspo_megatron.rollout.sglang.launcher import sglang_server_command, sglang_server_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,6 +95,7 @@ class RealServer:
         self._own_shm: Set[str] = set()
         self.process: Optional[subprocess.Popen] = None
         self._launched_at = 0.0
+        self._log_start = 0  # where this launch's lines begin in the log (appended to)
 
     def start(self) -> "RealServer":
         """Launch the server and wait until it answers ``/health_generate``."""
@@ -102,6 +104,7 @@ class RealServer:
     def launch(self) -> "RealServer":
         """Start the server's processes and return at once; :meth:`wait_ready` waits for it."""
         with open(self.log_path, "ab") as out:
+            self._log_start = out.tell()
             self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
                                             env=self.env, start_new_session=True, cwd=str(REPO))
         self._launched_at = time.monotonic()
@@ -109,12 +112,18 @@ class RealServer:
 
     def wait_ready(self) -> "RealServer":
         """Wait until the launched server answers ``/health_generate`` (``START_TIMEOUT_S`` from
-        its launch); a server that exits or never answers fails with its log's tail."""
+        its launch); a server that exits, cannot listen on its port or never answers fails with
+        its log's tail. SGLang 0.5.23 lives on after its HTTP port turned out taken (the engine's
+        ``BIND_FAILURE``): that one is stopped at once rather than at the deadline."""
         deadline = self._launched_at + START_TIMEOUT_S
         while True:
             if self.process.poll() is not None:
                 raise AssertionError(f"real SGLang server exited with {self.process.returncode} "
                                      f"during start-up:\n{self.log_tail()}")
+            if self._failed_to_bind():
+                self.stop(grace_s=0)
+                raise AssertionError(f"real SGLang server could not listen on {self.address} "
+                                     f"(another process holds it):\n{self.log_tail()}")
             if _healthy(self, timeout_s=20):
                 self.new_shm_files()  # known now, so that a kill need not look for them first
                 return self
@@ -124,6 +133,14 @@ class RealServer:
         self.stop()
         raise AssertionError(f"real SGLang server not healthy after {START_TIMEOUT_S}s:\n"
                              f"{self.log_tail()}")
+
+    def _failed_to_bind(self) -> bool:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_start)
+                return BIND_FAILURE.encode() in f.read()
+        except OSError:
+            return False
 
     def new_shm_files(self) -> List[str]:
         """This server's ``/dev/shm/sglang_loads_*`` files: the ones its processes map or hold

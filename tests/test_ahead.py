@@ -180,16 +180,3 @@ def test_a_command_waits_for_the_memory_it_asks_for(tmp_path):
     finally:
         runner.terminate()
         runner.wait(timeout=30)
-
-
-def test_wait_until_done_returns_once_the_runner_has_ended():
-    """``nothing_ahead``: a test that measures this process's whole tree waits for the runner."""
-    from types import SimpleNamespace
-
-    from tests import ahead
-
-    assert ahead.wait_until_done(SimpleNamespace(stash={})) is None  # nothing planned: at once
-    runner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
-    start = time.monotonic()
-    ahead.wait_until_done(SimpleNamespace(stash={ahead._RUNNER: runner}))
-    assert runner.poll() == 0 and time.monotonic() - start >= 1.0

@@ -74,7 +74,7 @@ def test_write_doc_replaces_only_the_marked_section(tmp_path):
 @pytest.mark.slow
 def test_every_transport_syncs_a_tp2_ep2_learner_into_a_server(tmp_path,
                                                               qwen3_tokenizer_dir):  # noqa: F811
-    from gspo_megatron.distributed.runtime import free_port
+    from gspo_megatron.distributed.ports import free_port
     from gspo_megatron.rollout.sglang.engine import SGLangEngine
     from gspo_megatron.rollout.sglang.launcher import ServerLauncher
     from gspo_megatron.rollout.standin.launcher import reference_server_command

@@ -111,7 +111,7 @@ assert "bmm" not in ops and "mm" in ops, ops  # one GEMM, no broadcast copies of
 assert torch.allclose(x.grad, torch.einsum("sbv,vh->sbh", g, w), atol=1e-6)
 print("ok")
 """
-    from gspo_megatron.distributed.runtime import free_port
+    from gspo_megatron.distributed.ports import free_port
 
     env = dict(os.environ, PROBE_PORT=str(free_port()))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,

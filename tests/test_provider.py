@@ -138,7 +138,7 @@ def test_moe_router_runs_without_transformer_engine_in_a_fresh_interpreter():
         import megatron.core.transformer.moe.moe_utils as mu
         from gspo_megatron.config.schema import ModelConfig, ParallelConfig
         from gspo_megatron.distributed.cpu_compat import cpu_compat_applied
-        from gspo_megatron.distributed.runtime import free_port
+        from gspo_megatron.distributed.ports import free_port
         from gspo_megatron.model.provider import build_layer_spec, build_transformer_config
         x, w = torch.randn(3, 4), torch.randn(2, 4)
         try:

@@ -4,7 +4,6 @@ Every test checks the batch-level guarantee: each requested (prompt_id, sample_i
 exactly once, and (per-sample seeds) with the same tokens as a fault-free embedded run.
 """
 
-import socket
 import sys
 import threading
 import time
@@ -12,6 +11,7 @@ import time
 import pytest
 import torch
 
+from gspo_megatron.distributed.ports import free_port
 from gspo_megatron.rollout.sglang import api
 from gspo_megatron.rollout.embedded.engine import EmbeddedEngine
 from gspo_megatron.rollout.standin.server import FaultPlan, ReferenceServer
@@ -136,14 +136,8 @@ def test_exhausted_retries_name_the_sample(policy, batch):
         servers[0].stop()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_wait_healthy_is_bounded():
-    eng = SGLangEngine([f"127.0.0.1:{_free_port()}"], request_timeout_s=1)
+    eng = SGLangEngine([f"127.0.0.1:{free_port()}"], request_timeout_s=1)
     with pytest.raises(TimeoutError, match="127.0.0.1"):
         eng.wait_healthy(timeout_s=1.0, poll_s=0.2)
     assert not eng.health()
@@ -198,7 +192,7 @@ def test_server_killed_mid_batch_then_skipped_and_readmitted(tmp_path, policy, b
     from gspo_megatron.weight_sync.disk import DiskTransport
 
     save_tiny_model(*build_tiny_policy(seed=0), str(tmp_path / "m"))
-    port = _free_port()
+    port = free_port()
     launcher = ServerLauncher(str(tmp_path / "logs"), env={"OMP_NUM_THREADS": "1"})
     command = reference_server_command(str(tmp_path / "m"), port, python=sys.executable)
     launcher.start(command + ["--delay-s", "0.4"], f"127.0.0.1:{port}")

@@ -378,7 +378,7 @@ def test_a_bucket_refused_by_one_server_ends_the_update_cleanly(model_dir, serve
     session ended, as SGLang refuses it) while the other takes it: the update fails at once
     naming the server and the bucket, neither server stays paused, in a session or inside the
     collective, and the next update reaches both (log-probs on both equal the new weights')."""
-    from gspo_megatron.distributed.runtime import free_port
+    from gspo_megatron.distributed.ports import free_port
     from gspo_megatron.rollout.sglang.launcher import ServerLauncher
     from gspo_megatron.rollout.standin.launcher import reference_server_command
     from tests.weight_sync_faults import assert_refused_bucket_ends_cleanly, broadcast_updates

@@ -57,7 +57,7 @@ def _learner_on(ledger: MemoryLedger, monkeypatch) -> None:
 
 def _run(assets, run_dir: Path, ledger_path: Path, monkeypatch) -> int:
     from gspo_megatron.cli.train import main
-    from gspo_megatron.distributed.runtime import free_port
+    from gspo_megatron.distributed.ports import free_port
 
     monkeypatch.setenv(LEDGER_ENV, str(ledger_path))
     return main([str(REPO / "configs" / "tiny_cpu.yaml"), f"model.hf_path={assets.model_dir}",

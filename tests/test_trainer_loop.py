@@ -151,7 +151,7 @@ def test_max_staleness_2_on_two_gloo_ranks_with_a_reference_server(assets, tmp_p
     """k = 2 with a TP=2 learner: the main rank's generator feeds both ranks (broadcast), the
     proximal pass and the update are collective, a checkpoint holds the main rank's state on
     every rank, and no step trains a token more than 2 steps after its weights."""
-    from gspo_megatron.distributed.runtime import free_port
+    from gspo_megatron.distributed.ports import free_port
 
     extra = ["parallel.tp=2", "parallel.sp=true", "algo.old_logprob_source=learner",
              "algo.tis.enabled=true", "algo.tis.level=sequence", "trainer.num_steps=4",
@@ -246,7 +246,7 @@ def test_loop_with_reference_servers(assets, tmp_path, mode, caplog):
     """The trainer against a reference server process: colocated (memory released around the
     learner's phases, tensor handles through shared memory) and disaggregated (gloo broadcast,
     with R3: the server launched with the capture flag, every sample's routing replayed)."""
-    from gspo_megatron.distributed.runtime import free_port
+    from gspo_megatron.distributed.ports import free_port
 
     extra = ["trainer.num_steps=1", "rollout.engine=reference", f"rollout.mode={mode}",
              f"rollout.sglang.port={free_port()}", "rollout.sglang.health_timeout_s=300",
@@ -273,7 +273,7 @@ def test_overlap_with_a_disaggregated_reference_server(assets, tmp_path):
     """One-step off-policy against a server process: the rollout of step 3 is generated on the
     server while step 2 trains, by the weights synced after step 1 (sync between take and
     submit, so no generation is in flight when the update protocol pauses the server)."""
-    from gspo_megatron.distributed.runtime import free_port
+    from gspo_megatron.distributed.ports import free_port
 
     extra = ["trainer.num_steps=3", "rollout.engine=reference", "rollout.mode=disaggregated",
              "rollout.overlap_one_step=true", f"rollout.sglang.port={free_port()}",
@@ -290,7 +290,7 @@ def _train_against_one_reference_server(assets, run_dir: Path, caplog, server_ar
     ``server_args``; returns (exit code, the server's address, gspo-train's ERROR records)."""
     import logging
 
-    from gspo_megatron.distributed.runtime import free_port
+    from gspo_megatron.distributed.ports import free_port
     from gspo_megatron.rollout.sglang.launcher import ServerLauncher
     from gspo_megatron.rollout.standin.launcher import reference_server_command
 

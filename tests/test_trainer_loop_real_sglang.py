@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from gspo_megatron.distributed.runtime import free_port
+from gspo_megatron.distributed.ports import free_port
 from tests.real_sglang import SGLANG_PYTHON, LeftState, RealServer, left_state, listening_pids
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from gspo_megatron.config.schema import WeightSyncConfig
-from gspo_megatron.distributed.runtime import free_port
+from gspo_megatron.distributed.ports import free_port
 from gspo_megatron.rollout.sglang import api
 from gspo_megatron.rollout.embedded.engine import teacher_forced_logprobs
 from gspo_megatron.rollout.sglang.client import SGLangServerClient

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from gspo_megatron.config.schema import ParallelConfig, WeightSyncConfig
-from gspo_megatron.distributed.runtime import free_port
+from gspo_megatron.distributed.ports import free_port
 from gspo_megatron.rollout.sglang import api
 from gspo_megatron.rollout.sglang.launcher import ServerLauncher
 from gspo_megatron.rollout.standin.launcher import reference_server_command

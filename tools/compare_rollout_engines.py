@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from gspo_megatron.distributed.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 SGLANG_PYTHON = REPO / ".venv-sglang" / "bin" / "python"
 
@@ -42,20 +44,12 @@ ENGINES = {
 }
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(out: Path, engine: str, seed: int, num_steps: int) -> dict:
     run_dir = out / f"{engine.replace(' ', '_').lower()}_seed{seed}"
     overrides = [f"trainer.seed={seed}", f"trainer.num_steps={num_steps}", f"logging.run_dir={run_dir}",
                  "logging.wandb.enabled=false", "logging.plot=false", "checkpoint.save_every_steps=0",
                  "algo.old_logprob_source=learner", f"trainer.eval_every_steps={num_steps}",
-                 *(o.format(port=_free_port()) for o in ENGINES[engine])]
+                 *(o.format(port=free_port()) for o in ENGINES[engine])]
     log_path = out / f"{run_dir.name}.log"
     env = dict(os.environ, OMP_NUM_THREADS="2", PYTHONPATH=str(REPO))
     t0 = time.perf_counter()

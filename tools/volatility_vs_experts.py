@@ -88,7 +88,7 @@ def run_point(out: Path, experts: int, top_k: int, steps: int, tokenizer_dir: Pa
               sglang_python: str, extra: Sequence[str] = (), widths: Optional[dict] = None,
               keep: bool = False) -> ExpertPoint:
     """Train one routing for ``steps`` GSPO steps (or read its finished run)."""
-    from gspo_megatron.distributed.runtime import free_port
+    from gspo_megatron.distributed.ports import free_port
     from gspo_megatron.trainer.metrics_log import read_rows
 
     assets = write_point_assets(out, experts, top_k, tokenizer_dir, widths)

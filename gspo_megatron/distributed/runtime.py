@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import socket
 import subprocess
 from dataclasses import dataclass
 from datetime import timedelta
@@ -34,6 +33,7 @@ import torch.distributed as dist
 
 from gspo_megatron.config.schema import ParallelConfig
 from gspo_megatron.config.validate import ConfigError, world_size_errors
+from gspo_megatron.distributed.ports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -124,12 +124,6 @@ def _init_default_group(launch: LaunchEnv, backend: str, timeout: timedelta) -> 
             f"rank {launch.rank} of {launch.world_size} ({launch.launcher}) could not meet the "
             f"others at {launch.master_addr}:{launch.master_port} (MASTER_ADDR / MASTER_PORT): "
             f"{str(exc).splitlines()[0]}") from None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pick_device(local_rank: int) -> torch.device:

@@ -39,7 +39,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +48,7 @@ from typing import List, Optional
 import torch
 
 from gspo_megatron.distributed.host_address import update_group_address
+from gspo_megatron.distributed.ports import free_port
 from gspo_megatron.rollout.sglang import api
 from gspo_megatron.rollout.sglang.client import ServerUnavailable, SGLangServerClient
 from gspo_megatron.rollout.sglang.update_group import (broadcast_from_learner, create_update_group,
@@ -57,12 +57,6 @@ from gspo_megatron.weight_sync.buckets import Bucket
 from gspo_megatron.weight_sync.sync import BucketTransport, timed
 
 log = logging.getLogger(__name__)
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host if host not in ("localhost",) else "127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _timed_out(future) -> bool:
@@ -134,7 +128,7 @@ class BroadcastTransport(BucketTransport):
         deadline = time.monotonic() + self.timeout_s
         self._pool = ThreadPoolExecutor(max_workers=len(self.clients), thread_name_prefix="weight-sync")
         host = update_group_address(self.master_address, members)
-        port = self._first_port or _free_port(host)
+        port = self._first_port or free_port(host)
         self._first_port = None  # a re-formed group rendezvous on a fresh port
         payload = lambda i: api.init_group_payload(  # noqa: E731
             host, port, 1 + i * self.server_tp_size, self.world_size,

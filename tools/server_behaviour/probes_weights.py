@@ -11,7 +11,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from gspo_megatron.distributed.runtime import free_port
+from gspo_megatron.distributed.ports import free_port
 from gspo_megatron.rollout.sglang import api
 from gspo_megatron.rollout.sglang.update_group import create_update_group, destroy_update_group
 from gspo_megatron.weight_sync.tensor_ipc import serialize_named_tensors

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import psutil
 import requests
 
-from gspo_megatron.distributed.runtime import free_port
+from gspo_megatron.distributed.ports import free_port
 from gspo_megatron.rollout.sglang import api
 from gspo_megatron.rollout.sglang.launcher import ServerLauncher
 from gspo_megatron.rollout.standin.launcher import reference_server_command
