@@ -7,9 +7,10 @@ after its launch) the kernel may hand the same port to anyone: fresh clone 14 lo
 start to "address already in use" that way. Below the ephemeral range only a process that names
 a port takes it; a reservation file shared by the processes of this machine keeps two of our own
 pickers (tests, tools and trainers running side by side) from naming the same one while it waits
-to be bound. SGLang 0.5.23 picks its own internal ports below the range too, from 22000-29999
-(``get_free_port_below_ephemeral`` in ``sglang/srt/utils/network.py``), so ours come from the
-range beside it.
+to be bound. Others below the range that ours stay clear of: SGLang 0.5.23's internal ports,
+22000-29999 (``get_free_port_below_ephemeral`` in ``sglang/srt/utils/network.py``); a Slurm
+job's default ``MASTER_PORT``, 20000 + job id (``distributed/runtime.py``); the local Slurm
+clusters of the tests, 17817-17859.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Dict, Iterator, Optional
 
-LOW, HIGH = 12000, 21999
-"""Where picked ports come from: below the default ephemeral range (32768-60999), beside
-SGLang's internal 22000-29999."""
+LOW, HIGH = 10000, 17499
+"""Where picked ports come from: below the default ephemeral range (32768-60999) and below the
+fixed ports named above."""
 
 RESERVE_S = 600.0
 """How long a picked port stays reserved for the process that will bind it."""
