@@ -34,6 +34,37 @@ def test_modules_move_whole_and_keep_their_tests_order():
     assert len(orders) == 5  # 12 modules: five seeds, five orders
 
 
+def test_modules_with_commands_ahead_run_in_the_second_half_among_others():
+    spec = [(f"tests/test_m{i:02d}.py", ["t0", "t1"]) for i in range(20)]
+    late = {"tests/test_m03.py", "tests/test_m07.py", "tests/test_m11.py", "tests/test_m19.py"}
+    followed_by_another = False
+    for seed in range(20):
+        out = shuffled_by_module(_items(spec), seed, late=late)
+        assert sorted(i.nodeid for i in out) == sorted(i.nodeid for i in _items(spec))
+        modules = list(dict.fromkeys(i.nodeid.split("::")[0] for i in out))
+        assert all(modules.index(m) >= 10 for m in late), (seed, modules)
+        assert shuffled_by_module(_items(spec), seed, late=late) == out
+        followed_by_another |= any(m not in late for m in modules[modules.index(sorted(
+            late, key=modules.index)[0]):])
+    assert followed_by_another  # mixed with the others, not all at the very end
+    plain = shuffled_by_module(_items(spec), 1)
+    assert any(list(dict.fromkeys(i.nodeid.split("::")[0] for i in plain)).index(m) < 10
+               for m in late)  # without ``late`` some of them come early (the check can fail)
+
+
+def test_a_module_with_a_command_ahead_is_found_by_its_tests():
+    from tests.module_order import _modules_with_commands_ahead
+
+    with_ahead = SimpleNamespace(nodeid="tests/test_x.py::test_slow", name="test_slow",
+                                 module=SimpleNamespace(AHEAD={"test_slow": object()}))
+    other = SimpleNamespace(nodeid="tests/test_x.py::test_fast", name="test_fast",
+                            module=with_ahead.module)
+    plain = SimpleNamespace(nodeid="tests/test_y.py::test_a", name="test_a",
+                            module=SimpleNamespace())
+    assert _modules_with_commands_ahead([other, plain]) == set()
+    assert _modules_with_commands_ahead([with_ahead, other, plain]) == {"tests/test_x.py"}
+
+
 def test_the_setting_is_parsed_and_a_bad_one_names_the_variable():
     assert parse("") is None and parse("file") is None
     assert parse("shuffle:1234") == 1234

@@ -12,13 +12,13 @@ bounded, so the test fits next to others.
 
 from __future__ import annotations
 
-import pickle
-from pathlib import Path
-
 import pytest
 
-from gspo_megatron.real_geometry.geometries import QWEN3_30B_A3B
-from tests.ahead import Command
+from benchmarks.bench_real_geometry import run_phases
+from gspo_megatron.real_geometry.checkpoint_writer import write_random_checkpoint
+from gspo_megatron.real_geometry.geometries import GENERATION_CONFIG, QWEN3_30B_A3B
+from gspo_megatron.real_geometry.task import write_question_datasets
+from tests.qwen3_assets import qwen3_tokenizer_dir  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -30,37 +30,11 @@ STRUCTURAL = {**QWEN3_30B_A3B, "hidden_size": 256, "intermediate_size": 512,
 PEAK_GIB = {"server": 5.0, "hf": 1.5, "learner": 2.0}
 
 
-def run_the_three_phases(out: str) -> None:
-    """What the test checks, into ``out``: the real tokenizer, a random checkpoint of
-    ``STRUCTURAL``, the datasets, then the server, HF and learner phases (``result.pkl``)."""
-    from benchmarks.bench_real_geometry import run_phases
-    from gspo_megatron.real_geometry.checkpoint_writer import write_random_checkpoint
-    from gspo_megatron.real_geometry.geometries import GENERATION_CONFIG
-    from gspo_megatron.real_geometry.task import write_question_datasets
-    from gspo_megatron.real_geometry.tokenizer_fetch import fetch_tokenizer
-
-    root = Path(out)
-    fetch_tokenizer(root / "tokenizer")
-    model_dir = write_random_checkpoint(root / "model", STRUCTURAL, GENERATION_CONFIG,
-                                        root / "tokenizer", seed=0, max_shard_bytes=10**9)
-    train, held_out = write_question_datasets(root / "data")
-    result = run_phases(model_dir, held_out, root / "run", num_prompts=4, max_new_tokens=12)
-    (root / "result.pkl").write_bytes(pickle.dumps(result))
-
-
-AHEAD = {"test_learner_hf_and_server_agree": Command(
-    ["{python}", "-c", "import sys; from tests.test_real_geometry_agreement import "
-     "run_the_three_phases; run_the_three_phases(sys.argv[1])", "{dir}"],
-    foreground_priority=True, timeout_s=1500, min_available_gib=6.0)}
-"""The three phases (~45 CPU-seconds, a real server then torchrun's two ranks) beside the tests
-before this one (``tests/ahead.py``); at the foreground's priority, as a test of its own ran
-them: each phase's memory sampler must see its peak. Started once the machine has room for the
-server (~3.3 GiB) beside the foreground's."""
-
-
-def test_learner_hf_and_server_agree(ahead):
-    assert ahead.returncode == 0, ahead.stdout + ahead.stderr[-3000:]
-    result = pickle.loads((ahead.dir / "result.pkl").read_bytes())
+def test_learner_hf_and_server_agree(tmp_path, qwen3_tokenizer_dir):  # noqa: F811
+    model_dir = write_random_checkpoint(tmp_path / "model", STRUCTURAL, GENERATION_CONFIG,
+                                        qwen3_tokenizer_dir, seed=0, max_shard_bytes=10**9)
+    train, held_out = write_question_datasets(tmp_path / "data")
+    result = run_phases(model_dir, held_out, tmp_path / "run", num_prompts=4, max_new_tokens=12)
     cmp = result["comparison"]
     assert cmp.num_tokens == 48
     assert not cmp.failures, cmp

@@ -14,14 +14,18 @@ trained ones moved, and the peak owned memory of the learner's and the server's 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
 
-from benchmarks.bench_real_width_train import SPLIT_KEYS
-from tests.ahead import Command
+from benchmarks.bench_real_width_train import SPLIT_KEYS, train_phase
+from gspo_megatron.real_geometry.checkpoint_writer import write_random_checkpoint
+from gspo_megatron.real_geometry.geometries import GENERATION_CONFIG
+from gspo_megatron.real_geometry.task import write_question_datasets
+from tests.qwen3_assets import qwen3_tokenizer_dir  # noqa: F401
+from tests.real_sglang import SGLANG_PYTHON
+from tests.test_real_geometry_agreement import STRUCTURAL
 
 pytestmark = pytest.mark.slow
 
@@ -45,40 +49,14 @@ def _hf_tensors(model_dir, names):
     return out
 
 
-def train_two_steps(out: str) -> None:
-    """The run the test checks, into ``out``: the real tokenizer, a random checkpoint of the
-    structural geometry, the question datasets, then ``NUM_STEPS`` steps (``work/train.json``)."""
-    from benchmarks.bench_real_width_train import train_phase
-    from gspo_megatron.real_geometry.checkpoint_writer import write_random_checkpoint
-    from gspo_megatron.real_geometry.geometries import GENERATION_CONFIG
-    from gspo_megatron.real_geometry.task import write_question_datasets
-    from gspo_megatron.real_geometry.tokenizer_fetch import fetch_tokenizer
-    from tests.real_sglang import SGLANG_PYTHON
-    from tests.test_real_geometry_agreement import STRUCTURAL
+def test_two_gspo_steps_against_the_real_server(tmp_path, qwen3_tokenizer_dir):  # noqa: F811
+    assets = tmp_path / "assets"
+    model_dir = write_random_checkpoint(assets / "model", STRUCTURAL, GENERATION_CONFIG,
+                                        qwen3_tokenizer_dir, seed=0, max_shard_bytes=10**9)
+    write_question_datasets(assets / "data")
+    run = train_phase(tmp_path / "work", assets, NUM_STEPS, SGLANG_PYTHON, timeout_s=900,
+                      extra=SMALLER)
 
-    root = Path(out)
-    fetch_tokenizer(root / "tokenizer")
-    write_random_checkpoint(root / "assets" / "model", STRUCTURAL, GENERATION_CONFIG,
-                            root / "tokenizer", seed=0, max_shard_bytes=10**9)
-    write_question_datasets(root / "assets" / "data")
-    train_phase(root / "work", root / "assets", NUM_STEPS, SGLANG_PYTHON, timeout_s=900,
-                extra=SMALLER)
-
-
-AHEAD = {"test_two_gspo_steps_against_the_real_server": Command(
-    ["{python}", "-c", "import sys; from tests.test_real_geometry_train import train_two_steps; "
-     "train_two_steps(sys.argv[1])", "{dir}"], foreground_priority=True, timeout_s=1500,
-    min_available_gib=7.0)}
-"""The run (~110 CPU-seconds: a real server and a learner at the structural widths) beside the
-tests before this one (``tests/ahead.py``); at the foreground's priority, as a test of its own
-ran it: its memory sampler must see the peaks. It starts once the machine has room for both
-processes (~1.3 + ~3.3 GiB at their peaks) beside the foreground's."""
-
-
-def test_two_gspo_steps_against_the_real_server(ahead):
-    assert ahead.returncode == 0, ahead.stdout + ahead.stderr[-3000:]
-    run = json.loads((ahead.dir / "work" / "train.json").read_text())
-    model_dir = ahead.dir / "assets" / "model"
     rows = run["rows"]
     assert [r["step"] for r in rows] == list(range(NUM_STEPS + 1))
     for row in rows[1:]:
@@ -90,7 +68,7 @@ def test_two_gspo_steps_against_the_real_server(ahead):
             assert row[key] > 0, key
         assert 0.0 <= row["routing/activated_expert_changed_frac"] <= 1.0
 
-    run_dir = ahead.dir / "work" / "run"
+    run_dir = tmp_path / "work" / "run"
     assert not (run_dir / "checkpoints").exists()  # checkpoint.save_final=false: export only
     frozen = ["model.embed_tokens.weight", "lm_head.weight"]
     trained = ["model.layers.0.mlp.gate.weight", "model.layers.0.self_attn.q_proj.weight"]
