@@ -23,8 +23,9 @@
 # The trainer gets logging.run_dir, launch.num_nodes, rollout.sglang.server_addresses (and
 # parallel.world_size when the config leaves it open) after the arguments; learner rank 0
 # publishes its own address for the weight-update group. Preemption: Slurm sends USR1 10 minutes
-# before the limit; the learner checkpoints and exits 124, and the job requeues itself and
-# resumes from that checkpoint.
+# before the limit; the learner checkpoints (the step it is in, or the last completed one when
+# the job's end leaves no room for the step and a save) and exits 124, and the job requeues
+# itself and resumes from that checkpoint (docs/cluster.md).
 #SBATCH --job-name=gspo-30b
 #SBATCH --nodes=4
 #SBATCH --ntasks-per-node=1

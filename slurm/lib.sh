@@ -9,11 +9,18 @@
 # When the main step ends, the services are stopped and the job exits with the main step's
 # code. When a service step ends first, or any step fails, every other step is stopped and the
 # job exits with the failing step's code and a message naming it, so no server is left behind.
-# SIGUSR1 (Slurm's `--signal=B:USR1@T` warning before the time limit, or a preemption notice) is
-# forwarded to the learner, which checkpoints and exits 124; the job then requeues itself and
-# resumes.
+# SIGUSR1 (Slurm's `--signal=B:USR1@T` warning before the time limit) and SIGTERM while the job's
+# end time still leaves room (a preemption with GraceTime: Slurm moves the end time to now +
+# GraceTime) ask the learner for a checkpoint: the shell writes the time by which the learner must
+# have exited (the job's end time from squeue less GSPO_REQUEUE_LEAD_S) into GSPO_DEADLINE_FILE
+# and passes SIGUSR1 on. The learner finishes its step and saves, or drops a step that cannot
+# finish in time and saves the last completed one (exit 124), or, with no room for a save, stops
+# without one (exit 125, trainer/deadline.py); the job then requeues itself and resumes, and the
+# log says which checkpoint it resumes from and how many steps it redoes. A learner still running
+# GSPO_HARD_STOP_GRACE_S after its deadline is stopped and the job requeued the same way.
 
 readonly GSPO_REQUEUE_EXIT_CODE=124
+readonly GSPO_NO_CHECKPOINT_EXIT_CODE=125
 
 gspo_log() {
   local line
@@ -75,7 +82,9 @@ gspo_setup_run_dir() {
     exit 1
   }
   GSPO_JOB_LOG="${GSPO_LOG_DIR}/batch.log"
-  export GSPO_RUN_DIR GSPO_LOG_DIR GSPO_RESTART
+  # per run of the job: a requeued run must not read the deadline of the one before
+  GSPO_DEADLINE_FILE="${GSPO_LOG_DIR}/deadline.r${GSPO_RESTART}.env"
+  export GSPO_RUN_DIR GSPO_LOG_DIR GSPO_RESTART GSPO_DEADLINE_FILE
   gspo_log "run dir $GSPO_RUN_DIR, nodes ${SLURM_JOB_NODELIST:-?}, restart $GSPO_RESTART"
 }
 
@@ -122,6 +131,7 @@ GSPO_MAIN_PID=""
 GSPO_PREEMPTED=0
 GSPO_REQUEUED=0
 GSPO_USR1_SENT_AT=0
+GSPO_EXIT_BY=""
 
 # gspo_start_step main|service NAME SRUN_OPTIONS... -- COMMAND...: one srun step in the
 # background, its output in $GSPO_LOG_DIR/NAME.r<restart>.log. A dry run prints the srun line.
@@ -175,10 +185,50 @@ gspo_stop_steps() {
   GSPO_STEP_PIDS=()
 }
 
+# The job's end time in unix seconds (the time limit's, or now + GraceTime once preempted), or
+# nothing when Slurm cannot say (no time limit, squeue unreachable).
+gspo_job_end_epoch() {
+  local job=${SLURM_JOB_ID:-} out
+  [[ -n $job ]] || return 0
+  out=$(SLURM_TIME_FORMAT=%s timeout 10 squeue -h -j "$job" -o %e 2>/dev/null | head -n 1) || true
+  if [[ $out =~ ^[0-9]+$ ]]; then printf '%s\n' "$out"; fi
+}
+
+# Write GSPO_DEADLINE_FILE: the time by which the learner must have exited, GSPO_REQUEUE_LEAD_S
+# (60) before the job's end, so that the servers can be stopped and the job requeued.
+gspo_write_deadline() {
+  local end now
+  end=$(gspo_job_end_epoch)
+  now=$(date +%s)
+  if [[ -z $end ]]; then
+    GSPO_EXIT_BY=""
+    gspo_log "the job's end time is unknown (squeue -o %e): the learner finishes its step and saves"
+    return 0
+  fi
+  GSPO_EXIT_BY=$((end - ${GSPO_REQUEUE_LEAD_S:-60}))
+  printf 'exit_by=%s\njob_end=%s\n' "$GSPO_EXIT_BY" "$end" >"${GSPO_DEADLINE_FILE}.tmp" &&
+    mv -f "${GSPO_DEADLINE_FILE}.tmp" "$GSPO_DEADLINE_FILE"
+  gspo_log "the job ends in $((end - now)) s; the learner must have exited in $((GSPO_EXIT_BY - now)) s ($GSPO_DEADLINE_FILE)"
+}
+
+# Slurm's preemption sends SIGTERM to the job's steps, not to this shell, and to the rollout
+# servers too; with PreemptParameters=send_user_signal it sends the job's own warning (B:USR1)
+# here instead, with the end moved to now + GraceTime, which the deadline rule plans with. Say so
+# when the cluster preempts without it (docs/cluster.md).
+gspo_check_preemption_config() {
+  local config
+  config=$(timeout 10 scontrol show config 2>/dev/null) || return 0
+  grep -Eq '^PreemptType += preempt/(qos|partition_prio)' <<<"$config" || return 0
+  grep -Eq '^PreemptMode += OFF' <<<"$config" && return 0
+  grep -Eq '^PreemptParameters += .*send_user_signal' <<<"$config" && return 0
+  gspo_log "warning: this cluster preempts jobs without PreemptParameters=send_user_signal: a preemption's SIGTERM reaches the learner without a deadline and stops the rollout servers, so the step in progress may be lost (docs/cluster.md, 'Time limits, preemption and requeue')"
+}
+
 # Slurm's warning before the time limit (or a preemption notice): ask the learner to checkpoint.
 gspo_on_usr1() {
   GSPO_PREEMPTED=1
   gspo_log "SIGUSR1 received (time limit or preemption ahead): asking the learner to checkpoint"
+  gspo_write_deadline
   gspo_forward_usr1
 }
 
@@ -190,9 +240,19 @@ gspo_forward_usr1() {
 }
 
 gspo_on_term() {
+  local end
   if ((GSPO_REQUEUED == 1)); then
     gspo_log "this run of the job ends; it is requeued"
     exit 0
+  fi
+  end=$(gspo_job_end_epoch)
+  if [[ -n $GSPO_MAIN_PID && -n $end ]] && ((end - $(date +%s) > ${GSPO_REQUEUE_LEAD_S:-60})); then
+    # A preemption with GraceTime: the end is still ahead, so this is a warning like USR1.
+    GSPO_PREEMPTED=1
+    gspo_log "SIGTERM received with $((end - $(date +%s))) s to the job's end (preemption with GraceTime): asking the learner to checkpoint"
+    gspo_write_deadline
+    gspo_forward_usr1
+    return 0
   fi
   gspo_log "SIGTERM received (job cancelled or out of time): stopping every step"
   GSPO_KILL_GRACE_S=${GSPO_KILL_GRACE_S:-10}
@@ -203,6 +263,22 @@ gspo_on_term() {
 gspo_install_traps() {
   trap gspo_on_usr1 USR1
   trap gspo_on_term TERM
+}
+
+# What the learner recorded in GSPO_RUN_DIR/progress.env: its newest trained step and the newest
+# checkpoint (trainer/preemption.py writes it); "; <sentence>", or nothing without the file.
+gspo_progress_note() {
+  local file="${GSPO_RUN_DIR}/progress.env" trained ckpt
+  [[ -r $file ]] || return 0
+  trained=$(sed -n 's/^trained_step=//p' "$file")
+  ckpt=$(sed -n 's/^checkpoint_step=//p' "$file")
+  [[ $trained =~ ^[0-9]+$ ]] || return 0
+  if [[ $ckpt =~ ^[0-9]+$ ]]; then
+    printf '; the resumed run starts from the checkpoint of step %s and redoes %s step(s)' \
+      "$ckpt" "$((trained - ckpt))"
+  else
+    printf '; no checkpoint of this run yet: the resumed run redoes its %s step(s)' "$trained"
+  fi
 }
 
 # Requeue this job; Slurm restarts it (SLURM_RESTART_COUNT + 1) and the trainer resumes.
@@ -220,12 +296,21 @@ gspo_requeue() {
   exit 0
 }
 
-# Did the learner exit to be requeued? torchrun turns a worker's exit code into 1, but writes
-# the worker's own code into the step log ("exitcode : 124").
+# Did the learner exit with WANTED (124: to be requeued; 125: requeue without a checkpoint)?
+# torchrun turns a worker's exit code into 1, but writes the worker's own code into the step log
+# ("exitcode : 124").
+gspo_learner_exited_with() {
+  local wanted=$1 code=$2 log=$3
+  ((code == wanted)) && return 0
+  ((code != 0)) && [[ -r $log ]] && grep -Eq "exitcode *: *${wanted}\b" "$log"
+}
+
 gspo_learner_checkpointed() {
-  local code=$1 log=$2
-  ((code == GSPO_REQUEUE_EXIT_CODE)) && return 0
-  ((code != 0)) && [[ -r $log ]] && grep -Eq "exitcode *: *${GSPO_REQUEUE_EXIT_CODE}\b" "$log"
+  gspo_learner_exited_with "$GSPO_REQUEUE_EXIT_CODE" "$@"
+}
+
+gspo_learner_stopped_for_requeue() {
+  gspo_learner_checkpointed "$@" || gspo_learner_exited_with "$GSPO_NO_CHECKPOINT_EXIT_CODE" "$@"
 }
 
 # The main step ended with CODE: decide between success, requeue and failure.
@@ -240,7 +325,12 @@ gspo_main_step_done() {
   if gspo_learner_checkpointed "$code" "$log"; then
     GSPO_KILL_GRACE_S=${GSPO_KILL_GRACE_S:-10}
     gspo_stop_steps
-    gspo_requeue
+    gspo_requeue "learner checkpointed$(gspo_progress_note)"
+  fi
+  if gspo_learner_exited_with "$GSPO_NO_CHECKPOINT_EXIT_CODE" "$code" "$log"; then
+    GSPO_KILL_GRACE_S=${GSPO_KILL_GRACE_S:-10}
+    gspo_stop_steps
+    gspo_requeue "learner stopped WITHOUT a checkpoint: no room for a save before the job's deadline$(gspo_progress_note)"
   fi
   if ((GSPO_PREEMPTED == 1)); then
     gspo_fail "$code" "main step '$name' exited with code $code after SIGUSR1 without \
@@ -282,7 +372,7 @@ gspo_supervise() {
     done
     gspo_reap_ended_helper || true
     helper=$GSPO_ENDED_HELPER
-    if [[ -n $main_code ]] && { ((main_code == 0)) || gspo_learner_checkpointed "$main_code" \
+    if [[ -n $main_code ]] && { ((main_code == 0)) || gspo_learner_stopped_for_requeue "$main_code" \
       "${GSPO_LOG_DIR}/${main_name}.r${GSPO_RESTART}.log"; }; then
       gspo_main_step_done "$main_name" "$main_code"
     fi
@@ -297,8 +387,18 @@ gspo_supervise() {
       gspo_fail "$code" "step '${GSPO_STEP_NAMES[$i]}' exited with code $code while the main step was running; log: $log" "$log"
     fi
     [[ -z $main_code ]] || gspo_main_step_done "$main_name" "$main_code"
+    if ((GSPO_PREEMPTED == 1)) && [[ -n $GSPO_EXIT_BY ]] &&
+      (($(date +%s) >= GSPO_EXIT_BY + ${GSPO_HARD_STOP_GRACE_S:-15})); then
+      gspo_log "the learner is still running $(($(date +%s) - GSPO_EXIT_BY)) s past its deadline: stopping it"
+      GSPO_KILL_GRACE_S=${GSPO_KILL_GRACE_S:-10}
+      gspo_stop_steps
+      gspo_requeue "learner stopped WITHOUT a checkpoint at the job's deadline$(gspo_progress_note)"
+    fi
     if ((GSPO_PREEMPTED == 1 && SECONDS - GSPO_USR1_SENT_AT >= ${GSPO_USR1_REPEAT_S:-60})); then
+      # for ranks that had not installed their handler yet; a rank that has it carries on (and
+      # reads the deadline again: an operator may have moved the job's end)
       gspo_log "learner still running after SIGUSR1; sending it again"
+      gspo_write_deadline
       gspo_forward_usr1
     fi
     sleep 1 &

@@ -126,6 +126,7 @@ gspo_train_main() {
   fi
   gspo_setup_run_dir
   gspo_install_traps
+  if ! ((${GSPO_DRY_RUN:-0})); then gspo_check_preemption_config; fi
   gspo_refuse_retired_settings
   gspo_grid_overrides
   [[ $GSPO_PROFILE == gpu || $GSPO_PROFILE == cpu ]] || gspo_fail 2 "GSPO_PROFILE must be gpu or cpu, got '$GSPO_PROFILE'"
@@ -149,11 +150,14 @@ gspo_train_main() {
     gspo_stop_steps
     gspo_requeue "SIGUSR1 before the learner started"
   fi
-  # torchrun dies on SIGUSR1 by default; it ignores it here (the ignore is inherited), and the
-  # trainer installs its own handler, so a forwarded USR1 reaches exactly the training ranks.
+  # torchrun dies on SIGUSR1 by default and, asked to handle SIGTERM, kills its workers 30 s
+  # later: it ignores both here (the ignore is inherited; the launch plan keeps SIGTERM out of
+  # its --signals-to-handle), and the trainer installs its own handler, so a forwarded USR1 and
+  # a preemption's SIGTERM reach exactly the training ranks. Stopping the step (srun's TERM)
+  # still kills it.
   if ((${GSPO_DRY_RUN:-0})); then printf '# the learners (torchrun numbers the ranks at rendezvous):\n'; fi
   gspo_start_step main learner "${GSPO_LEARNER_SRUN[@]}" -- \
-    bash -c 'trap "" USR1; exec "$@"' gspo-learner "${GSPO_LEARNER_ARGV[@]}"
+    bash -c 'trap "" USR1 TERM; exec "$@"' gspo-learner "${GSPO_LEARNER_ARGV[@]}"
   if ((${GSPO_DRY_RUN:-0})); then
     rm -rf "$GSPO_PLAN_DIR"
     exit 0

@@ -98,9 +98,10 @@ def test_four_node_plan_places_learners_and_servers():
     assert flags["--tp-size"] == "4" and flags["--port"] == "30001" and flags["--base-gpu-id"] == "4"
     assert flags["--host"] == "10.0.0.3"  # its node's address, not every interface
     assert "--enable-memory-saver" not in server.argv  # only colocated servers release memory
-    assert plan.learner_argv[:9] == [
+    assert plan.learner_argv[:10] == [
         "/usr/bin/python3", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=8",
-        "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29509", "--rdzv-id=9-r0", "--max-restarts=0"]
+        "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29509", "--rdzv-id=9-r0", "--max-restarts=0",
+        "--signals-to-handle=SIGINT,SIGHUP,SIGQUIT"]  # a preemption's SIGTERM is the trainer's
     assert plan.learner_argv[-3:] == ["launch.num_nodes=4", "rollout.sglang.server_addresses=[10.0.0.3:30000,"
                                       "10.0.0.3:30001,10.0.0.4:30000,10.0.0.4:30001]",
                                       f"rollout.sglang.key_file={key_file}"]

@@ -4,9 +4,11 @@ One single-process reference run, then one two-process run that walks through th
 TP=2+SP, PP=2, EP=2, CP=2 and DP=2 (re-initialising Megatron's parallel state between them) and
 checks, per layout, against the reference: per-token log-probs, the GSPO loss, the grad norm and
 every weight after one optimizer step; then it resumes from a full training checkpoint saved
-under a *different* layout (reference -> TP2 / EP2 / CP2, TP2 -> PP2, CP2 -> DP2) and checks the
-next step's loss and the weights after it. A 4-process run does the same for CP=2 combined with
-TP=2+SP, PP=2 and EP=2. The reference also checks that dynamic micro-batching by tokens gives the
+under a *different* layout in the portable optimizer form (reference -> TP2 / EP2 / CP2, TP2 -> PP2)
+or in the fast form under another data-parallel size (reference -> DP2; the fast form under
+another TP is refused), and checks the next step's loss and the weights after it. A 4-process run does the same for CP=2 combined with
+TP=2+SP, PP=2 and EP=2 (EP2 from the fast form converted by ``gspo-reshard
+--portable-optimizer``). The reference also checks that dynamic micro-batching by tokens gives the
 gradients of one large micro-batch, and the non-finite guard. The forward-only
 ``LogprobLearner`` gives the Learner's log-probs exactly at TP2 x EP2, and refuses to train.
 What a micro-batch hands the loss (``PolicyLossInputs``, token lags included) is checked alone.
@@ -25,11 +27,15 @@ from tests.multiproc import run_on_ranks
 
 LAYOUTS = {"tp2_sp": dict(tp=2, sp=True), "pp2": dict(pp=2), "ep2": dict(ep=2),
            "cp2": dict(cp=2), "dp2": dict()}
-RESUME_FROM = {"tp2_sp": "ref", "pp2": "tp2_sp", "ep2": "ref", "cp2": "ref", "dp2": "cp2"}
+# "ref" and the layouts resumed elsewhere save the portable optimizer form; "ref_fast" is the
+# fast form (dp_reshardable), which loads under its own layout up to the data-parallel size:
+# dp2 resumes it with DP 1 -> 2, tp2_sp is refused it; "ref_converted" is "ref_fast" rewritten
+# in the portable form by gspo-reshard --portable-optimizer.
+RESUME_FROM = {"tp2_sp": "ref", "pp2": "tp2_sp", "ep2": "ref", "cp2": "ref", "dp2": "ref_fast"}
 # Context parallelism combined with the other layouts, on 4 processes.
 CP_COMBOS = {"cp2_tp2_sp": dict(cp=2, tp=2, sp=True), "cp2_pp2": dict(cp=2, pp=2),
              "cp2_ep2": dict(cp=2, ep=2)}
-CP_COMBOS_RESUME_FROM = {"cp2_tp2_sp": "ref", "cp2_pp2": "cp2_tp2_sp", "cp2_ep2": "ref"}
+CP_COMBOS_RESUME_FROM = {"cp2_tp2_sp": "ref", "cp2_pp2": "cp2_tp2_sp", "cp2_ep2": "ref_converted"}
 LP_ATOL, LOSS_RTOL, WEIGHT_ATOL = 2e-5, 1e-4, 2e-6
 # Every layout, TP2 included: replicated experts reduce over the expert-DP group
 # (model/provider.py: mark_expert_params), so their optimizer state is exact on every rank.
@@ -119,7 +125,8 @@ def _reference(rank: int, root: str) -> dict:
     grad_scale = max(float(g.abs().max()) for g in grads[1000])
 
     m1 = learner.train_step(batch1, _gspo())
-    learner.save_checkpoint(f"{root}/ref", extra={"cursor": 7})
+    learner.save_checkpoint(f"{root}/ref", extra={"cursor": 7}, form="portable")
+    learner.save_checkpoint(f"{root}/ref_fast", extra={"cursor": 7})
     m2 = learner.train_step(batch2, _gspo())
     learner.save_weights(f"{root}/ref_step2")
 
@@ -142,10 +149,11 @@ def _layouts(rank: int, root: str, ref: dict, layouts=None, resume_from=None) ->
     from megatron.core import parallel_state
 
     from gspo_megatron.distributed.runtime import init_distributed
+    from gspo_megatron.learner.checkpoint_files import CheckpointError
     from gspo_megatron.learner.learner import Learner
 
     layouts, resume_from = layouts or LAYOUTS, resume_from or RESUME_FROM
-    saved_by = set(resume_from.values()) - {"ref"}  # layouts whose step-1 checkpoint is resumed
+    saved_by = set(resume_from.values()) & set(layouts)  # layouts whose checkpoint is resumed
     out = {}
     for name, layout in layouts.items():
         cfg = tiny_cfg(**layout)
@@ -156,13 +164,20 @@ def _layouts(rank: int, root: str, ref: dict, layouts=None, resume_from=None) ->
         m1 = learner.train_step(make_batch(0, old=ref["lp"]), _gspo())
         w1_diff = _max_weight_diff(learner, cfg, f"{root}/ref")
         if name in saved_by:
-            learner.save_checkpoint(f"{root}/{name}", extra={"cursor": 7})
+            learner.save_checkpoint(f"{root}/{name}", extra={"cursor": 7}, form="portable")
+        refused = ""
+        if name == "tp2_sp":  # the fast form of another layout: refused, naming the way out
+            try:
+                learner.load_checkpoint(f"{root}/ref_fast")
+            except CheckpointError as exc:
+                refused = str(exc)
         extra = learner.load_checkpoint(f"{root}/{resume_from[name]}")
         w_load_diff = _max_weight_diff(learner, cfg, f"{root}/ref")
         m2 = learner.train_step(make_batch(1, old=ref["lp2"]), _gspo())
         w2_diff = _max_weight_diff(learner, cfg, f"{root}/ref_step2")
         out[name] = {"lp_diff": lp_diff, "m1": m1, "w1_diff": w1_diff, "m2": m2,
-                     "w2_diff": w2_diff, "w_load_diff": w_load_diff, "extra": extra, "step": learner.step}
+                     "w2_diff": w2_diff, "w_load_diff": w_load_diff, "extra": extra,
+                     "step": learner.step, "refused": refused}
         del learner
         parallel_state.destroy_model_parallel()
     return out
@@ -196,12 +211,33 @@ def test_parallel_layouts_match_single_process(reference):
     root, ref = reference
     results = run_on_ranks(_layouts, world_size=2, timeout_s=900, root=root, ref=ref)
     assert sorted(name for r in results for name in r) == sorted(list(LAYOUTS) * 2)
+    assert [got["refused"] != "" for r in results for name, got in r.items() if name == "tp2_sp"] \
+        == [True, True]
     _check_against_reference(results, ref)
+
+
+def _make_portable(rank: int, root: str) -> dict:
+    """gspo-reshard --portable-optimizer on a copy of the fast-form ``ref_fast`` (its layout:
+    one process), with the run's config written as the trainer writes it."""
+    import json
+    import shutil
+
+    from gspo_megatron.cli.reshard import main
+    from gspo_megatron.config.load import save_config
+    from omegaconf import OmegaConf
+
+    shutil.copytree(f"{root}/ref_fast", f"{root}/ref_converted")
+    config = save_config(OmegaConf.structured(tiny_cfg()), f"{root}/config.yaml")
+    code = main(["--portable-optimizer", "--ckpt", f"{root}/ref_converted", "--config", str(config)])
+    meta = json.loads(open(f"{root}/ref_converted/gspo_meta.json").read())
+    return {"code": code, "form": meta["optimizer_form"], "step": meta["step"]}
 
 
 @pytest.mark.slow
 def test_context_parallel_with_tp_pp_ep_matches_single_process(reference):
     root, ref = reference
+    converted = run_on_ranks(_make_portable, world_size=1, timeout_s=300, root=root)[0]
+    assert converted == {"code": 0, "form": "portable", "step": 1}
     results = run_on_ranks(_layouts, world_size=4, timeout_s=900, root=root, ref=ref,
                            layouts=CP_COMBOS, resume_from=CP_COMBOS_RESUME_FROM)
     assert sorted(name for r in results for name in r) == sorted(list(CP_COMBOS) * 4)
@@ -209,6 +245,10 @@ def test_context_parallel_with_tp_pp_ep_matches_single_process(reference):
 
 
 def _check_against_reference(results: list, ref: dict) -> None:
+    refusals = [got["refused"] for r in results for name, got in r.items() if name == "tp2_sp"]
+    for refused in refusals:
+        assert "ref_fast: its optimizer state is in the fast form" in refused, refused
+        assert "parallel.tp=1 -> 2" in refused and "--portable-optimizer" in refused, refused
     assert math.isfinite(ref["m1"]["loss"]) and ref["m1"]["loss"] != 0.0
     assert ref["m1"]["ratio_max"] != 1.0
     assert abs(ref["m1"]["loss"]) > 0.1 and abs(ref["m2"]["loss"]) > 0.1

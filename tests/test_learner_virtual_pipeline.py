@@ -66,7 +66,7 @@ def _interleaved(rank: int, root: str, ref: dict) -> dict:
     plan = learner.plan(make_batch(0, old=ref["lp"]))
     m1 = learner.train_step(make_batch(0, old=ref["lp"]), _gspo())
     w1 = _max_weight_diff(learner, cfg, f"{root}/single_step1")
-    learner.save_checkpoint(f"{root}/vpp_step1")
+    learner.save_checkpoint(f"{root}/vpp_step1", form="portable")  # resumed by one process
     return {"lp_diff": max(float((a - b).abs().max()) for a, b in zip(lp, ref["lp"])),
             "m1": m1, "w1_diff": w1, "num_chunks": len(learner.model),
             "num_micro": len(plan.micro_batches)}

@@ -116,7 +116,9 @@ def slurm2() -> Iterator[SlurmCluster]:
 
 FAKE_TRAINER = r'''
 """Stand-in trainer: a step every FAKE_STEP_S, a /sync call per step to every server; on SIGUSR1
-it checkpoints and exits 124; it resumes from its checkpoint. Events go to trainer_events.jsonl."""
+or SIGTERM it checkpoints and exits 124 (with FAKE_IGNORE_WARNING it carries on); it resumes
+from its checkpoint. It keeps progress.env as the real trainer does. Events go to
+trainer_events.jsonl."""
 import json, os, signal, sys, time, urllib.request
 overrides = dict(a.split("=", 1) for a in sys.argv[2:])
 run_dir = overrides["logging.run_dir"]
@@ -125,10 +127,22 @@ ckpt = os.path.join(run_dir, "checkpoints", "state.json")
 os.makedirs(os.path.dirname(ckpt), exist_ok=True)
 start = json.load(open(ckpt))["step"] if os.path.exists(ckpt) else 0
 stop = []
-signal.signal(signal.SIGUSR1, lambda *_: stop.append(1))
+def warned(signum, _frame):
+    record("signal", signal=signal.Signals(signum).name,
+           deadline=open(os.environ["GSPO_DEADLINE_FILE"]).read()
+           if os.path.exists(os.environ.get("GSPO_DEADLINE_FILE", "")) else None)
+    if not os.environ.get("FAKE_IGNORE_WARNING"):
+        stop.append(1)
+signal.signal(signal.SIGUSR1, warned)
+signal.signal(signal.SIGTERM, warned)
 def record(kind, **kw):
     with open(os.path.join(run_dir, "trainer_events.jsonl"), "a") as f:
         f.write(json.dumps({"kind": kind, "time": time.time(), **kw}) + "\n")
+def progress(trained):
+    lines = [f"trained_step={trained}"]
+    if os.path.exists(ckpt):
+        lines.append(f"checkpoint_step={json.load(open(ckpt))['step']}")
+    open(os.path.join(run_dir, "progress.env"), "w").write("\n".join(lines) + "\n")
 servers = [s for s in overrides.get("rollout.sglang.server_addresses", "[]").strip("[]").split(",") if s]
 record("start", config=sys.argv[1], overrides=overrides, start_step=start, pid=os.getpid(),
        restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")), node=os.environ.get("SLURMD_NODENAME"),
@@ -137,6 +151,7 @@ for step in range(start, num_steps):
     if stop:
         json.dump({"step": step}, open(ckpt, "w"))
         record("checkpoint", step=step)
+        progress(step)
         sys.exit(124)
     for s in servers:
         try:
@@ -145,6 +160,7 @@ for step in range(start, num_steps):
             record("sync_error", step=step, error=str(exc))
     time.sleep(float(os.environ.get("FAKE_STEP_S", "0.05")))
     record("step", step=step)
+    progress(step + 1)
 json.dump({"step": num_steps}, open(ckpt, "w"))
 record("done", steps=num_steps)
 '''
@@ -345,6 +361,73 @@ def test_preempted_training_checkpoints_requeues_and_resumes_to_the_full_step_co
     assert events[-1] == {**events[-1], "kind": "done", "steps": num_steps}
     log = batch_log(run_dir, job)
     assert "SIGUSR1 received" in log and "requeueing job" in log and "job done" in log
+
+
+def _wait_for_steps(events_path: Path, count: int, timeout_s: float = 90) -> None:
+    wait_for(lambda: events_path.exists() and events_path.read_text().count('"kind": "step"') >= count,
+             timeout_s, f"{count} steps")
+
+
+def test_sigterm_to_the_learner_step_checkpoints_through_torchrun(slurm1, standins, tmp_path):
+    """Issue 49: Slurm's default preemption (GraceTime, no send_user_signal) sends SIGTERM to the
+    job's steps, not to the batch shell (``scancel --signal=TERM`` does the same). torchrun
+    ignores it (``--signals-to-handle`` without SIGTERM) instead of killing its workers 30 s
+    later, the learner's own handler checkpoints and exits 124, and the job is requeued and
+    resumed: every step once."""
+    run_dir = tmp_path / "run"
+    num_steps = 60
+    job = slurm1.sbatch(
+        f"--output={tmp_path}/job.out", "slurm/tiny_cpu.sh", f"trainer.num_steps={num_steps}",
+        "rollout.engine=embedded", "rollout.weight_sync.transport=auto",
+        GSPO_RUN_DIR=str(run_dir), FAKE_STEP_S="0.1", **standins)
+    events_path = run_dir / "trainer_events.jsonl"
+    _wait_for_steps(events_path, 1)
+    assert slurm1.run("scancel", "--signal=TERM", job).returncode == 0
+    info = slurm1.wait(job, timeout_s=150)
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), info
+    events = read_jsonl(events_path)
+    assert [e["signal"] for e in events if e["kind"] == "signal"][:1] == ["SIGTERM"]
+    checkpoint = next(e for e in events if e["kind"] == "checkpoint")
+    assert [e["step"] for e in events if e["kind"] == "step"] == list(range(num_steps))
+    assert (f"learner checkpointed; the resumed run starts from the checkpoint of step "
+            f"{checkpoint['step']} and redoes 0 step(s)") in batch_log(run_dir, job)
+
+
+def test_a_learner_past_its_deadline_is_stopped_and_the_requeue_says_what_is_redone(slurm1, standins, tmp_path):
+    """A preemption with ``PreemptParameters=send_user_signal`` moves the job's end to now +
+    GraceTime and sends the job's own warning (B:USR1) to the batch shell: done here with
+    ``scontrol update EndTime`` and ``scancel --signal=USR1 --batch``. The learner gets the moved
+    end less GSPO_REQUEUE_LEAD_S as its deadline; one that ignores it (a stand-in) is stopped
+    GSPO_HARD_STOP_GRACE_S after it, and the job is requeued with the steps the rerun redoes,
+    not as a checkpointed one."""
+    run_dir = tmp_path / "run"
+    num_steps = 250
+    job = slurm1.sbatch(
+        f"--output={tmp_path}/job.out", "slurm/tiny_cpu.sh", f"trainer.num_steps={num_steps}",
+        "rollout.engine=embedded", "rollout.weight_sync.transport=auto",
+        GSPO_RUN_DIR=str(run_dir), FAKE_STEP_S="0.1", FAKE_IGNORE_WARNING="1", GSPO_REQUEUE_LEAD_S="30",
+        GSPO_HARD_STOP_GRACE_S="2", **standins)
+    events_path = run_dir / "trainer_events.jsonl"
+    _wait_for_steps(events_path, 1)
+    moved = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 42))
+    assert slurm1.run("scontrol", "update", f"JobId={job}", f"EndTime={moved}").returncode == 0
+    end = int(slurm1.run("squeue", "-h", "-j", job, "-o", "%e", SLURM_TIME_FORMAT="%s").stdout)
+    assert slurm1.run("scancel", "--signal=USR1", "--batch", job).returncode == 0
+    info = slurm1.wait(job, timeout_s=200)
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), info
+    events = read_jsonl(events_path)
+    signal_event = next(e for e in events if e["kind"] == "signal")
+    assert signal_event["deadline"] == f"exit_by={end - 30}\njob_end={end}\n"
+    starts = [i for i, e in enumerate(events) if e["kind"] == "start"]
+    first_run = [e for e in events[:starts[1]] if e["kind"] == "step"]
+    stopped_at = events[starts[1] - 1]["time"]
+    assert end - 30 <= stopped_at <= end - 30 + 2 + 8, (stopped_at - (end - 30))  # grace + a poll
+    assert events[starts[1]]["start_step"] == 0 and "checkpoint" not in {e["kind"] for e in events}
+    log = batch_log(run_dir, job)
+    assert "past its deadline: stopping it" in log
+    redo = re.search(r"learner stopped WITHOUT a checkpoint at the job's deadline; no checkpoint of "
+                     r"this run yet: the resumed run redoes its (\d+) step\(s\)", log)
+    assert redo and int(redo.group(1)) in (len(first_run), len(first_run) + 1), log
 
 
 GRID_TASK = """#!/usr/bin/env bash

@@ -9,6 +9,7 @@ Uses the clusters of tests/test_slurm_infra.py (tools/slurm_local.sh; root + slu
 from __future__ import annotations
 
 import json
+import re
 import time
 import subprocess
 import sys
@@ -125,16 +126,19 @@ def test_learner_on_node1_and_the_real_sglang_server_on_node2(cluster2, tiny_ass
 
 
 def test_real_trainer_preempted_by_slurm_resumes_to_the_full_step_count(cluster1, tiny_assets, tmp_path):
-    """USR1 to the batch shell as at --signal=B:USR1@T: checkpoint, exit 124, requeue, resume."""
+    """Issue 49's reproduction: a user reward that sleeps makes a step take ~3 s, several times
+    the batch shell's repeat interval (GSPO_USR1_REPEAT_S=1), and SIGUSR1 comes to the batch shell
+    (as at --signal=B:USR1@T) after step 2. The repeats reach the learner during its step and
+    change nothing: the step in progress is finished and checkpointed (exit 124), the job
+    requeues and resumes from that checkpoint, and every step is trained once."""
     run_dir = tmp_path / "run"
-    # Long enough that the signal lands mid-run: it is sent once the first step is logged (0.5 s
-    # polls, then scancel), and 8 of these tiny steps took under a second once the CPU learner
-    # got faster, so the run could finish first and never be requeued.
-    num_steps = 40
+    num_steps = 6
     overrides = [o for o in small_run_overrides(tiny_assets) if not o.startswith("trainer.num_steps")]
     job = cluster1.sbatch(f"--output={tmp_path}/job.out", "slurm/tiny_cpu.sh", f"trainer.num_steps={num_steps}",
                           *overrides, "rollout.engine=embedded", "rollout.weight_sync.transport=auto",
-                          GSPO_RUN_DIR=str(run_dir), GSPO_HF_DIR=str(tiny_assets / "model"))
+                          "reward.name=tests.paced_reward:tiny_addition",
+                          GSPO_RUN_DIR=str(run_dir), GSPO_HF_DIR=str(tiny_assets / "model"),
+                          GSPO_TEST_REWARD_SLEEP_S="0.4", GSPO_USR1_REPEAT_S="1")
     metrics = run_dir / "metrics.jsonl"
 
     def trained_steps() -> List[int]:
@@ -142,15 +146,21 @@ def test_real_trainer_preempted_by_slurm_resumes_to_the_full_step_count(cluster1
         return [r["step"] for r in rows if r.get("step", 0) > 0]
 
     deadline = time.monotonic() + 300
-    while not trained_steps():
+    while len(trained_steps()) < 2:
         state = cluster1.job(job).get("JobState")
         assert time.monotonic() < deadline and state in ("PENDING", "RUNNING"), (state, trained_steps())
-        time.sleep(0.5)
+        time.sleep(0.2)
     assert cluster1.run("scancel", "--signal=USR1", "--batch", job).returncode == 0
     info = cluster1.wait(job, timeout_s=400)
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), info
     assert trained_steps() == list(range(1, num_steps + 1)), "each step once, as in an uninterrupted run"
-    saved = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    assert saved[-1] == f"step_{num_steps:06d}" and len(saved) >= 2, saved
+    first = (run_dir / "logs" / job / "learner.r0.log").read_text()
+    warned_in = int(re.search(r"checkpointed step (\d+) after SIGUSR1; exiting 124", first).group(1))
+    assert warned_in >= 3 and "the checkpoint asked for by SIGUSR1 stands" in first  # repeats: no effect
+    assert "received SIGUSR1: will checkpoint after the current step" in first
+    batch = (run_dir / "logs" / job / "batch.log").read_text()
+    assert batch.count("learner still running after SIGUSR1; sending it again") >= 2
+    assert (f"learner checkpointed; the resumed run starts from the checkpoint of step {warned_in} and "
+            "redoes 0 step(s)") in batch
     resumed = (run_dir / "logs" / job / "learner.r1.log").read_text()
-    assert f"resumed from {run_dir}/checkpoints/{saved[0]}" in resumed
+    assert f"resumed from {run_dir}/checkpoints/step_{warned_in:06d}" in resumed

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Dict
 
@@ -63,9 +65,11 @@ def test_production_script_asks_for_the_warning_signal_and_requeue():
 
 
 FAKE_SCONTROL = """#!/usr/bin/env bash
-# show hostnames LIST -> one name per line from $FAKE_NODES; show node -o NAME -> a NodeAddr
+# show hostnames LIST -> one name per line from $FAKE_NODES; show node -o NAME -> a NodeAddr;
+# show config -> the file $FAKE_SCONTROL_CONFIG names
 if [[ $2 == hostnames ]]; then tr ' ' '\\n' <<<"$FAKE_NODES"; exit 0; fi
 if [[ $2 == node ]]; then echo "NodeName=$4 Arch=x86_64 NodeAddr=10.0.0.${4#n} NodeHostName=$4"; exit 0; fi
+if [[ $2 == config && -n $FAKE_SCONTROL_CONFIG ]]; then cat "$FAKE_SCONTROL_CONFIG"; exit 0; fi
 exit 1
 """
 
@@ -95,6 +99,93 @@ for case in "124 /nonexistent" "1 {log}" "1 {crash}" "0 {log}" "2 /nonexistent";
   if gspo_learner_checkpointed $case; then echo yes; else echo no; fi
 done""")
     assert proc.stdout.split() == ["yes", "yes", "no", "no", "no"], proc.stderr
+
+
+def test_exits_for_a_requeue_with_or_without_a_checkpoint_are_read_through_torchrun(tmp_path):
+    log = tmp_path / "learner.log"
+    log.write_text("  exitcode  : 125 (pid: 4242)\n")
+    proc = run_lib(tmp_path, f"""
+for case in "125 /nonexistent" "1 {log}" "124 /nonexistent" "1 /nonexistent"; do
+  if gspo_learner_stopped_for_requeue $case; then echo yes; else echo no; fi
+  if gspo_learner_checkpointed $case; then echo ckpt; else echo none; fi
+done""")
+    assert proc.stdout.split() == ["yes", "none", "yes", "none", "yes", "ckpt", "no", "none"], \
+        proc.stderr
+
+
+def test_progress_note_names_the_checkpoint_and_the_steps_to_redo(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    note = 'GSPO_RUN_DIR={run}; echo "[$(gspo_progress_note)]"'.format(run=run)
+    assert run_lib(tmp_path, note).stdout.strip() == "[]"  # no file: nothing to say
+    (run / "progress.env").write_text("trained_step=12\n")
+    assert run_lib(tmp_path, note).stdout.strip() == \
+        "[; no checkpoint of this run yet: the resumed run redoes its 12 step(s)]"
+    (run / "progress.env").write_text("trained_step=12\ncheckpoint_step=10\ncheckpoint=/c/10\n")
+    assert run_lib(tmp_path, note).stdout.strip() == \
+        "[; the resumed run starts from the checkpoint of step 10 and redoes 2 step(s)]"
+
+
+FAKE_SQUEUE = """#!/usr/bin/env bash
+# squeue -h -j ID -o %e with SLURM_TIME_FORMAT=%s: the job's end time from $FAKE_JOB_END
+[[ $SLURM_TIME_FORMAT == %s && $* == "-h -j 77 -o %e" ]] || exit 1
+echo "$FAKE_JOB_END"
+"""
+
+
+def _with_squeue(tmp_path: Path) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "squeue").write_text(FAKE_SQUEUE)
+    (bindir / "squeue").chmod(0o755)
+
+
+def test_the_deadline_file_is_the_jobs_end_less_the_requeue_lead(tmp_path):
+    _with_squeue(tmp_path)
+    deadline = tmp_path / "deadline.env"
+    now = int(time.time())
+    body = f"GSPO_DEADLINE_FILE={deadline}; GSPO_REQUEUE_LEAD_S=45; gspo_write_deadline; echo $GSPO_EXIT_BY"
+    proc = run_lib(tmp_path, f"export FAKE_JOB_END={now + 600}; {body}")
+    assert proc.stdout.strip() == str(now + 555), proc.stderr
+    assert deadline.read_text() == f"exit_by={now + 555}\njob_end={now + 600}\n"
+    assert re.search(r"the job ends in (599|600) s; the learner must have exited in (554|555) s",
+                     proc.stderr), proc.stderr
+    deadline.unlink()
+    proc = run_lib(tmp_path, f"export FAKE_JOB_END=N/A; {body}")  # a job without a time limit
+    assert proc.stdout.strip() == "" and not deadline.exists()
+    assert "the job's end time is unknown (squeue -o %e)" in proc.stderr
+
+
+def test_sigterm_with_the_end_ahead_is_a_warning_and_near_the_end_a_stop(tmp_path):
+    """A preemption with GraceTime moves the job's end to now + GraceTime and sends SIGTERM:
+    with room left the shell asks the learner for a checkpoint (and passes SIGUSR1 on); at the
+    end itself (a cancel, the time limit) it stops every step."""
+    _with_squeue(tmp_path)
+    setup = (f"GSPO_DEADLINE_FILE={tmp_path}/deadline.env; GSPO_KILL_GRACE_S=1; "
+             "(trap '' USR1; exec sleep 30) & GSPO_MAIN_PID=$!; GSPO_STEP_PIDS=($GSPO_MAIN_PID); "
+             "GSPO_STEP_NAMES=(learner); ")
+    warn = run_lib(tmp_path, setup + "export FAKE_JOB_END=$(( $(date +%s) + 300 )); gspo_on_term; "
+                   "echo preempted=$GSPO_PREEMPTED alive=$(kill -0 $GSPO_MAIN_PID && echo yes); "
+                   "kill $GSPO_MAIN_PID")
+    assert "preempted=1 alive=yes" in warn.stdout, warn.stderr
+    assert "(preemption with GraceTime): asking the learner to checkpoint" in warn.stderr
+    assert (tmp_path / "deadline.env").exists()
+    stop = run_lib(tmp_path, setup + "export FAKE_JOB_END=$(( $(date +%s) + 20 )); gspo_on_term")
+    assert stop.returncode == 143
+    assert "SIGTERM received (job cancelled or out of time): stopping every step" in stop.stderr
+
+
+@pytest.mark.parametrize("config, warned", [
+    ("PreemptMode             = OFF\nPreemptType             = preempt/none\n", False),
+    ("PreemptMode             = REQUEUE\nPreemptType             = preempt/qos\n", True),
+    ("PreemptMode             = REQUEUE\nPreemptParameters       = send_user_signal\n"
+     "PreemptType             = preempt/qos\n", False),
+])
+def test_a_cluster_that_preempts_without_the_user_signal_is_named(tmp_path, config, warned):
+    (tmp_path / "config.txt").write_text(config)
+    proc = run_lib(tmp_path, f"export FAKE_SCONTROL_CONFIG={tmp_path}/config.txt; gspo_check_preemption_config")
+    assert proc.returncode == 0
+    assert ("without PreemptParameters=send_user_signal" in proc.stderr) == warned, proc.stderr
 
 
 # srun stand-in: records every call; runs the launch-plan step (it must produce the plan); a
@@ -362,9 +453,10 @@ srun --overlap --kill-on-bad-exit=1 --job-name=rollout --output=/runs/r9/logs/9/
 http://10.0.0.4:30000/health http://10.0.0.4:30001/health
 # the learners (torchrun numbers the ranks at rendezvous):
 srun --overlap --kill-on-bad-exit=1 --job-name=learner --output=/runs/r9/logs/9/learner.r0.log {container} \
---nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=96 --nodelist=n1,n2 bash -c 'trap "" USR1; exec "$@"' \
+--nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=96 --nodelist=n1,n2 bash -c 'trap "" USR1 TERM; exec "$@"' \
 gspo-learner {py} -m torch.distributed.run --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d \
---rdzv-endpoint=10.0.0.1:29509 --rdzv-id=9-r0 --max-restarts=0 -m gspo_megatron.cli.train \
+--rdzv-endpoint=10.0.0.1:29509 --rdzv-id=9-r0 --max-restarts=0 --signals-to-handle=SIGINT,SIGHUP,SIGQUIT \
+-m gspo_megatron.cli.train \
 configs/qwen3_30b_a3b_gspo.yaml trainer.num_steps=3 logging.run_dir=/runs/r9 launch.num_nodes=4 \
 'rollout.sglang.server_addresses=[10.0.0.3:30000,10.0.0.3:30001,10.0.0.4:30000,10.0.0.4:30001]' \
 rollout.sglang.key_file=/runs/r9/secrets/rollout_server_keys.json

@@ -28,11 +28,11 @@ def _cfg(tmp_path, **checkpoint):
     return cfg
 
 
-def _fake_save(directory, data=DATA, step=0):
+def _fake_save(directory, data=DATA, step=0, **meta):
     """The files of a checkpoint, as learner.save_checkpoint would leave them."""
     directory.mkdir(parents=True)
     (directory / "gspo_meta.json").write_text(json.dumps({"format": "gspo-megatron-v1",
-                                                          "step": step, "data": data}))
+                                                          "step": step, "data": data, **meta}))
     for name in ("common.pt", ".metadata", "metadata.json", "__0_0.distcp"):
         (directory / name).write_bytes(b"x" * 64)
     write_manifest(directory)
@@ -104,6 +104,31 @@ def test_changed_data_is_refused_before_loading_with_the_way_out(tmp_path, chang
     with pytest.raises(ConfigError, match=message) as info:
         plan_resume(_cfg(tmp_path), now, is_main=True)
     assert "logging.run_dir" in str(info.value) and "checkpoint.resume=never" in str(info.value)
+
+
+def test_a_fast_form_checkpoint_of_another_layout_is_refused_with_the_conversion(tmp_path):
+    """Issue 49: the optimizer's fast form loads under its own layout only (the data-parallel
+    size may change); another one is refused before the learner is built, with the command
+    that writes the portable form."""
+    saved = {"tp": 2, "pp": 1, "vpp": None, "num_layers_in_first_pipeline_stage": None,
+             "num_layers_in_last_pipeline_stage": None, "ep": 8, "etp": 1, "cp": 1}
+    _fake_save(step_dir(_root(tmp_path), 3), optimizer_form="dp_sharded", world_size=16,
+               parallel=saved)
+    cfg = _cfg(tmp_path)
+    cfg.parallel.tp, cfg.parallel.ep = 2, 8
+    cfg.parallel.world_size = 32  # more data parallelism: fine
+    assert plan_resume(cfg, DATA, is_main=True) == step_dir(_root(tmp_path), 3)
+    cfg.parallel.tp = 4
+    with pytest.raises(ConfigError) as info:
+        plan_resume(cfg, DATA, is_main=True)
+    message = str(info.value)
+    assert "step_000003: its optimizer state is in the fast form" in message
+    assert "(parallel.tp=2 -> 4)" in message
+    assert (f"torchrun --nproc-per-node=16 -m gspo_megatron.cli.reshard --portable-optimizer "
+            f"--ckpt {step_dir(_root(tmp_path), 3)} --config {tmp_path}/config.yaml") in message
+    _fake_save(step_dir(_root(tmp_path), 4), optimizer_form="portable", world_size=16,
+               parallel=saved)  # the portable form: any layout
+    assert plan_resume(cfg, DATA, is_main=True) == step_dir(_root(tmp_path), 4)
 
 
 def test_resume_never_moves_earlier_checkpoints_aside(tmp_path):

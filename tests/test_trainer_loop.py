@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.descriptors import listening_sockets
 from tests.multiproc import run_on_ranks
@@ -167,9 +168,9 @@ def test_max_staleness_2_on_two_gloo_ranks_with_a_reference_server(assets, tmp_p
     assert (tmp_path / "async_groups.jsonl").is_file()
 
 
-def _spawn(assets, run_dir: Path, *extra: str) -> subprocess.Popen:
+def _spawn(assets, run_dir: Path, *extra: str, env_extra=None) -> subprocess.Popen:
     """gspo-train in a child process; its stderr goes to ``<run_dir>.log`` (read by _tail)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **(env_extra or {}))
     log = open(f"{run_dir}.log", "ab")
     proc = subprocess.Popen([sys.executable, "-m", "gspo_megatron.cli.train",
                              str(REPO / "configs" / "tiny_cpu.yaml"),
@@ -178,6 +179,23 @@ def _spawn(assets, run_dir: Path, *extra: str) -> subprocess.Popen:
                             env=env, stdout=subprocess.DEVNULL, stderr=log)
     log.close()
     return proc
+
+
+def _assert_same_final_weights(run_dir: Path, ref_dir: Path) -> None:
+    """The exported policies are equal bit for bit: the optimizer state a resume restored (Adam's
+    moments and step count) decides every update after it, which the metrics of the steps
+    before the last update would not show."""
+    from safetensors.torch import load_file
+
+    def weights(d: Path):
+        out = {}
+        for f in sorted((d / "hf_export").glob("*.safetensors")):
+            out.update(load_file(f))
+        return out
+
+    got, want = weights(run_dir), weights(ref_dir)
+    assert want and got.keys() == want.keys()
+    assert [k for k in want if not torch.equal(got[k], want[k])] == []
 
 
 def _tail(run_dir: Path) -> str:
@@ -214,6 +232,99 @@ def test_killed_run_resumes_to_identical_metrics(assets, tmp_path, overlap):
                  and "_s" != k[-2:]} for r in rows]
 
     assert comparable(_rows(killed_dir)) == comparable(_rows(ref_dir))
+    _assert_same_final_weights(killed_dir, ref_dir)
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _warn_during_the_rollout_of(step: int, proc, run_dir: Path, marks: Path, deadline: Path,
+                                seconds_left: float) -> None:
+    """Once step ``step - 1`` is logged and step ``step``'s rollout is being scored (the paced
+    reward was called again), write the batch shell's deadline file and send SIGUSR1."""
+    limit = time.monotonic() + 300
+    while max((r["step"] for r in (_rows(run_dir) if (run_dir / "metrics.jsonl").exists()
+                                   else [])), default=-1) < step - 1:
+        assert proc.poll() is None and time.monotonic() < limit, _tail(run_dir)
+        time.sleep(0.1)
+    seen = _lines(marks)
+    while _lines(marks) <= seen:
+        assert proc.poll() is None and time.monotonic() < limit, _tail(run_dir)
+        time.sleep(0.05)
+    deadline.write_text(f"exit_by={time.time() + seconds_left}\n")
+    proc.send_signal(signal.SIGUSR1)
+
+
+@pytest.mark.slow
+def test_a_warning_too_late_for_the_step_drops_it_or_stops_and_the_run_redoes_them(assets,
+                                                                                 tmp_path):
+    """Issue 49, at the deadline rule's two edges, with steps slowed by a sleeping reward (a
+    step of ~4 s, a save of ~0.3 s): (1) SIGUSR1 during step 3's rollout with 1 s left: the
+    rest of the step cannot fit, so the step is dropped and the state after step 2 saved
+    (exit 124); (2) resumed, SIGUSR1 during step 4's rollout with the deadline passed: no
+    room for a save, exit 125 and no new checkpoint, naming the checkpoint and the step to
+    redo; (3) resumed again, the run redoes step 3 and 4: every metric equals an unbroken run's."""
+    from gspo_megatron.trainer.preemption import NO_CHECKPOINT_EXIT_CODE, REQUEUE_EXIT_CODE
+
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "cut"
+    marks, deadline = tmp_path / "marks", tmp_path / "deadline.env"
+    flags = ("reward.name=tests.paced_reward:tiny_addition", "checkpoint.save_every_steps=0")
+    paced = {"GSPO_TEST_REWARD_SLEEP_S": "0.25", "GSPO_TEST_REWARD_MARKS": str(marks),
+             "GSPO_DEADLINE_FILE": str(deadline)}
+    ref = _spawn(assets, ref_dir, *flags)
+    victim = _spawn(assets, run_dir, *flags, env_extra=paced)
+    _warn_during_the_rollout_of(3, victim, run_dir, marks, deadline, seconds_left=1.0)
+    assert victim.wait(timeout=300) == REQUEUE_EXIT_CODE, _tail(run_dir)
+    log = _tail(run_dir)
+    assert "dropped step 3 (" in log and "checkpointed the state after step 2" in log
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000002"]
+    assert (run_dir / "progress.env").read_text().splitlines()[:2] == [
+        "trained_step=2", "checkpoint_step=2"]
+
+    again = _spawn(assets, run_dir, *flags, "--resume", env_extra=paced)
+    _warn_during_the_rollout_of(4, again, run_dir, marks, deadline, seconds_left=-1.0)
+    assert again.wait(timeout=300) == NO_CHECKPOINT_EXIT_CODE, _tail(run_dir)
+    assert ("stopping without a checkpoint; a resumed run starts from the checkpoint of step 2 "
+            "and redoes 1 step(s) (exit 125)") in _tail(run_dir)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000002"]
+
+    last = _spawn(assets, run_dir, *flags, "--resume")
+    assert last.wait(timeout=300) == 0, _tail(run_dir)
+    assert ref.wait(timeout=300) == 0, _tail(ref_dir)
+
+    def comparable(rows):
+        return [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/"))
+                 and "per_s" not in k and "_s" != k[-2:]} for r in rows]
+
+    assert comparable(_rows(run_dir)) == comparable(_rows(ref_dir))
+    _assert_same_final_weights(run_dir, ref_dir)
+
+
+@pytest.mark.slow
+def test_a_warning_during_the_cold_start_keeps_what_it_learned(assets, tmp_path):
+    """SIGUSR1 during the cold start (no deadline): the SFT steps so far are checkpointed as
+    step 0 (exit 124), and the resumed run goes straight to RL from them."""
+    from gspo_megatron.trainer.preemption import REQUEUE_EXIT_CODE
+
+    run_dir = tmp_path / "run"
+    flags = ("trainer.num_sft_steps=400", "trainer.sft_stop_loss=null", "trainer.num_steps=2")
+    proc = _spawn(assets, run_dir, *flags)
+    limit = time.monotonic() + 300
+    while "sft step 1/400" not in _tail(run_dir):
+        assert proc.poll() is None and time.monotonic() < limit, _tail(run_dir)
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGUSR1)
+    assert proc.wait(timeout=300) == REQUEUE_EXIT_CODE, _tail(run_dir)
+    assert "checkpointed the cold start (step 0) after SIGUSR1" in _tail(run_dir)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000000"]
+    done = Path(f"{run_dir}.log").stat().st_size
+    again = _spawn(assets, run_dir, *flags, "--resume")
+    assert again.wait(timeout=300) == 0, _tail(run_dir)
+    resumed = Path(f"{run_dir}.log").read_text(errors="replace")[done:]
+    assert "resumed from" in resumed and "step_000000 (step 0)" in resumed
+    assert "sft step" not in resumed
+    assert [r["step"] for r in _rows(run_dir)] == [1, 2]
 
 
 def test_bad_inputs_stop_with_a_clear_error(assets, tmp_path, caplog):

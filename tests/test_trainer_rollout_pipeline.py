@@ -48,6 +48,9 @@ class FakeSampler:
         self.drawn += n
         return list(range(n))
 
+    def state_dict(self):
+        return {"drawn": self.drawn}
+
 
 def _rollout(step: int) -> ScoredRollout:
     samples = [Sample(f"p{step}", i, [1, 2], [3, 4, 5], [-0.5, -0.25, -1.0], "length", 0.0)
@@ -84,6 +87,42 @@ def _pipeline(produce, learner, overlap, learner_logprobs=False, is_main=True, c
     return RolloutPipeline(produce, _prepare_with(learner, calls), learner, FakeSampler(),
                            is_main=is_main, world_size=1, overlap=overlap,
                            learner_logprobs=learner_logprobs)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_wait_cut_by_the_deadline_drops_the_step_and_keeps_the_data_position(overlap):
+    """Issue 49: StepAbandoned raised in the main rank's wait (by the preemption flag's
+    deadline rule) comes out of ``take`` as StepAbandoned (through the broadcast marker);
+    the checkpoint of the state before the step holds nothing pending and the sampler as it
+    was before the dropped step drew its prompts."""
+    from contextlib import contextmanager
+
+    from gspo_megatron.trainer.preemption import StepAbandoned
+
+    cut = threading.Event()
+
+    @contextmanager
+    def abandonable():
+        yield
+        if cut.is_set():
+            raise StepAbandoned("no room for the step")
+
+    def produce(step):
+        pipe.sampler.next_batch(1)  # the rollout draws its prompts
+        return _rollout(step)
+
+    pipe = RolloutPipeline(produce, _prepare_with(FakeLearner()), FakeLearner(), FakeSampler(),
+                           is_main=True, world_size=1, overlap=overlap, learner_logprobs=False,
+                           abandonable=abandonable)
+    pipe.submit(1, trained_steps=0)
+    assert pipe.take(1).rollout.samples[0].prompt_id == "p1"  # nothing cut: as before
+    pipe.submit(2, trained_steps=1)
+    cut.set()
+    with pytest.raises(StepAbandoned, match="no room for the step"):
+        pipe.take(2)
+    assert pipe.sampler.drawn == 2
+    assert pipe.abandon_state() == (None, {"drawn": 1})
+    pipe.close()
 
 
 def test_on_policy_produces_at_take_time():

@@ -8,8 +8,10 @@ removed, and a rerun resumes from the last complete checkpoint); 5 the rollout s
 a sample failed on every server it was tried on (a killed or wedged fleet), or a server does not
 serve the learner's weights after a sync (``rollout.weight_sync.verify``); the message names the
 server or the sample, and the last complete checkpoint stays;
-124 preempted (checkpointed after the current step, or signalled during start-up): requeue to
-resume. A missing, unreadable or world-readable server key file, or servers that refuse the
+124 preempted (checkpointed after the current step, or after the last completed one when the
+job's deadline left no room to finish the open step, or signalled during start-up): requeue to
+resume; 125 preempted with no room for a checkpoint before the job's deadline: requeue, and the
+resumed run redoes the steps since the last complete checkpoint (the log names it). A missing, unreadable or world-readable server key file, or servers that refuse the
 job's keys (401 / 403, named), are bad input: 2.
 
 Start-up order, each step before anything slower: preemption handlers (SIGUSR1 would otherwise
@@ -115,6 +117,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _run(cfg, preemption, log)
     finally:  # after the run's frame is gone, or its parts could not be collected
         thaw_start_up()
+        preemption.close()
 
 
 def _prepare_run_dir(cfg, runtime, lock) -> None:

@@ -528,6 +528,10 @@ class PlanConfig:
     of requests is what it still decodes while that response finishes
     (``planner/timing.py``). In [0, ``mean_response_frac``]: responses at the cap alone make
     the mean at least this share."""
+    checkpoint_write_gbps: float = 2.0
+    """Write bandwidth of the checkpoint file system, GB/s per node. The time of a save before
+    the run measured one: a preempted run plans its last step with it (``trainer/deadline.py``).
+    > 0."""
 
 
 @dataclass

@@ -158,6 +158,8 @@ def _check_plan_assumptions(p, check) -> None:
         check(0.0 < value <= 1.0, f"plan.{key}", f"{value} must be in (0, 1]")
     check(0.0 <= p.truncated_frac <= min(p.mean_response_frac, 1.0), "plan.truncated_frac",
           f"{p.truncated_frac} must be in [0, plan.mean_response_frac={p.mean_response_frac}]")
+    check(p.checkpoint_write_gbps > 0, "plan.checkpoint_write_gbps",
+          f"{p.checkpoint_write_gbps} must be > 0 (GB/s)")
 
 
 def _check_pipeline_split(cfg, check) -> None:

@@ -272,7 +272,9 @@ def _patch_torch_adam_step_state() -> None:
     a per-parameter ``step`` tensor in its state. ``load_parameter_state_from_fully_reshardable``
     deliberately leaves ``step`` out (it restores it from the param groups), but
     ``_set_main_param_and_optimizer_states`` then copies every key of the destination state and
-    fails with ``KeyError: 'step'``. Copy only the keys that were loaded.
+    fails with ``KeyError: 'step'``. Copy only the keys that were loaded, never ``step`` (the
+    ``dp_reshardable`` form's entries hold the loading optimizer's own step, 0, as a
+    non-persistent value, and a ``padding`` flag beside the tensors).
 
     Also, ``DistributedOptimizer.state_dict`` asserts that torch's state holds exactly one
     ``step`` value, which fails before the first step (empty state) -- exactly when a run
@@ -305,7 +307,10 @@ def _patch_torch_adam_step_state() -> None:
         main_param = self.optimizer.param_groups[group_index]["params"][group_order]
         dst = {"param": main_param, **self.optimizer.state[main_param]}
         for key, value in tensors.items():
-            dst[key].copy_(value)
+            # 'step' comes from the param groups (load_state_dict); the dp_reshardable entries
+            # carry the fresh optimizer's own step tensor (0) and a 'padding' flag beside them
+            if key != "step" and key in dst and torch.is_tensor(value):
+                dst[key].copy_(value)
 
     DistributedOptimizer._set_main_param_and_optimizer_states = set_states
     DistributedOptimizer.state_dict = state_dict

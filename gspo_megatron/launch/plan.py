@@ -192,6 +192,8 @@ def build_plan(cfg, nodes: Sequence[Node], job: JobSettings,
                     f"--nproc-per-node={roles.learner_procs_per_node}", "--rdzv-backend=c10d",
                     f"--rdzv-endpoint={learners[0].addr}:{port}",
                     f"--rdzv-id={job.job_id}-r{job.restart}", "--max-restarts=0",
+                    # not SIGTERM: a preemption's SIGTERM is the workers' (slurm/train_job.sh)
+                    "--signals-to-handle=SIGINT,SIGHUP,SIGQUIT",
                     *job.train_entry, job.config_path, *trainer_overrides]
     plan = LaunchPlan(roles=roles, learner_nodes=learners, rollout_nodes=rollout_nodes, servers=servers,
                       learner_argv=learner_argv, trainer_overrides=trainer_overrides,

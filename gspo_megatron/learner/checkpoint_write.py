@@ -129,16 +129,33 @@ def _state_nbytes(state: Dict[str, Any]) -> int:
     return local
 
 
-def atomic_save(state: Dict[str, Any], directory: str | Path, meta: Dict[str, Any]) -> None:
+def save_strategy(spread_writes: bool):
+    """The in-process streaming writer (``learner/streaming_save.py``); with ``spread_writes``
+    wrapped in megatron-core's ``FullyParallelSaveStrategyWrapper`` over the whole world
+    (``strategies/fully_parallel.py``): each tensor that several ranks hold (data-parallel
+    replicas of the weights) is written by one of them, chosen so that every rank writes about
+    as much, instead of always by the first replica."""
+    from gspo_megatron.learner.streaming_save import StreamingSaveStrategy
+
+    strategy = StreamingSaveStrategy()
+    if not spread_writes or _world() == 1:
+        return strategy
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import (
+        FullyParallelSaveStrategyWrapper)
+
+    return FullyParallelSaveStrategyWrapper(strategy, dist.group.WORLD)
+
+
+def atomic_save(state: Dict[str, Any], directory: str | Path, meta: Dict[str, Any],
+                spread_writes: bool = False) -> None:
     """Write ``state`` into ``<dir>.partial`` and rename it into place once it is complete.
 
     Collective. Before writing, the expected size is checked against the free space; if any
     write fails, the partial directory is removed and every rank raises one
     :class:`OutputWriteError` that names the path and the cause. The manifest is written last.
+    ``spread_writes``: see :func:`save_strategy`.
     """
     from megatron.core import dist_checkpointing
-
-    from gspo_megatron.learner.streaming_save import StreamingSaveStrategy
 
     final = Path(directory)
     partial = final.with_name(final.name + ".partial")
@@ -153,7 +170,7 @@ def atomic_save(state: Dict[str, Any], directory: str | Path, meta: Dict[str, An
     _rank0_then_agree(prepare, final, what)
     _barrier()
     try:
-        dist_checkpointing.save(state, str(partial), sharded_strategy=StreamingSaveStrategy())
+        dist_checkpointing.save(state, str(partial), sharded_strategy=save_strategy(spread_writes))
     except (Exception, CheckpointException) as exc:  # torch's CheckpointException is a BaseException
         message = describe_write_failure(exc, final, what)
         if _rank() == 0:

@@ -4,12 +4,29 @@ Format ``gspo-megatron-v1`` (the HF -> Megatron converter writes the same):
 
 * a directory written by ``dist_checkpointing.save(sharded_state_dict, dir)`` whose model part is
   under ``"model"`` (``chunk.sharded_state_dict()``; with virtual pipeline ``"model0"``,
-  ``"model1"``, ...). Training checkpoints add ``"optimizer"`` (distributed optimizer state in the
-  layout-independent ``fully_reshardable`` form), ``"scheduler"``, ``"rng"`` (one object
-  per rank, restored only under the same layout), ``"step"`` and ``"extra"``;
-* ``gspo_meta.json``: ``{"format", "step", "model", "parallel", "has_optimizer"}`` (training
-  checkpoints add what the trainer passes, e.g. the dataset it was trained on);
+  ``"model1"``, ...). Training checkpoints add ``"optimizer"``, ``"scheduler"``, ``"rng"`` (one
+  object per rank, restored only under the same layout), ``"step"`` and ``"extra"``;
+* ``gspo_meta.json``: ``{"format", "step", "model", "parallel", "has_optimizer",
+  "optimizer_form"}`` (training checkpoints add what the trainer passes, e.g. the dataset it was
+  trained on);
 * ``manifest.json``: every file with its size, written last (``learner/checkpoint_files.py``).
+
+The distributed optimizer's state is written in one of two forms (``optimizer_form``):
+
+* ``dp_sharded`` (:data:`FAST_FORM`, what training saves): megatron-core 0.16.1's
+  ``dp_reshardable`` (``optimizer/distrib_optimizer.py``, ``sharded_param_state_dp_reshardable``):
+  every rank writes its own shard of the fp32 main weights and Adam moments, views of the
+  optimizer's own buffers, with no gather and no copy; the writes are spread over all ranks
+  (``FullyParallelSaveStrategyWrapper``, ``strategies/fully_parallel.py``). It loads under the
+  same TP / PP / VPP / EP / ETP / CP only (its keys follow the optimizer's buckets); the data
+  parallel size may change.
+* ``portable`` (:data:`PORTABLE_FORM`): ``fully_reshardable``, keyed by parameter, loadable under
+  any layout; each rank gathers its data-parallel group's state to write it (12 bytes per
+  parameter of the whole group on every rank), so it is made on demand
+  (``gspo-reshard --portable-optimizer``) for a resume under another layout.
+
+Checkpoints without ``optimizer_form`` (before issue 49) are portable. A fast-form checkpoint
+loaded under another layout is refused with the command that converts it.
 
 Writes go to ``<dir>.partial`` after a free-space check and are renamed into place when every
 rank has finished, so a directory named like a checkpoint is a complete one; a failed write
@@ -36,8 +53,15 @@ from torch.distributed.checkpoint.api import CheckpointException
 from gspo_megatron.learner.checkpoint_files import META_FILE, CheckpointError, require_complete
 from gspo_megatron.learner.checkpoint_write import FORMAT, atomic_save, jsonable
 
+FAST_FORM, PORTABLE_FORM = "dp_sharded", "portable"
 OPTIMIZER_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable",
                       "chained_optim_avoid_prefix": True}
+"""The portable form's metadata for Megatron's ``sharded_state_dict``."""
+FAST_SHARDING = {"distrib_optim_sharding_type": "dp_reshardable",
+                 "chained_optim_avoid_prefix": True}
+LAYOUT_KEYS = ("tp", "pp", "vpp", "num_layers_in_first_pipeline_stage",
+               "num_layers_in_last_pipeline_stage", "ep", "etp", "cp")
+"""What the fast form's optimizer keys depend on (not the data-parallel size)."""
 
 log = logging.getLogger(__name__)
 
@@ -266,17 +290,58 @@ def _restore_optimizer(optimizer, structures, loaded: Dict[str, Any]) -> None:
         sub.load_state_dict(sub_state)
 
 
+def _is_distributed(optimizer) -> bool:
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    return any(isinstance(sub, DistributedOptimizer) for sub in _sub_optimizers(optimizer))
+
+
+def optimizer_form(meta: Dict[str, Any]) -> str:
+    """The optimizer form a checkpoint's ``gspo_meta.json`` records (portable before it did)."""
+    return meta.get("optimizer_form", PORTABLE_FORM)
+
+
 def save_training_checkpoint(model_chunks, optimizer, scheduler, directory: str | Path,
-                             meta: Dict[str, Any], extra: Optional[Dict[str, Any]] = None) -> None:
-    """Model, optimizer, scheduler, RNG, step and trainer ``extra`` (plain Python values)."""
+                             meta: Dict[str, Any], extra: Optional[Dict[str, Any]] = None,
+                             form: str = FAST_FORM) -> None:
+    """Model, optimizer (``form``; see the module docstring), scheduler, RNG, step and trainer
+    ``extra`` (plain Python values)."""
+    if form not in (FAST_FORM, PORTABLE_FORM):
+        raise ValueError(f"unknown optimizer form {form!r}")
+    if not _is_distributed(optimizer):
+        form = PORTABLE_FORM  # per-parameter keys already: no gather to avoid
     model_sd = model_sharded_state_dict(model_chunks)
     state = dict(model_sd)
-    state["optimizer"] = _optimizer_state_for_save(optimizer, model_sd)
+    if form == FAST_FORM:
+        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=False,
+                                                          metadata=FAST_SHARDING)
+    else:
+        state["optimizer"] = _optimizer_state_for_save(optimizer, model_sd)
     state["scheduler"] = scheduler.state_dict()
     state["rng"] = _rng_object(layout_key(meta["parallel"]))
     state["step"] = int(meta.get("step", 0))
     state["extra"] = dict(extra or {})
-    atomic_save(state, directory, {**meta, "has_optimizer": True, "world_size": _world()})
+    atomic_save(state, directory, {**meta, "has_optimizer": True, "world_size": _world(),
+                                   "optimizer_form": form},
+                spread_writes=form == FAST_FORM)
+
+
+def fast_form_mismatch(meta: Dict[str, Any], parallel) -> Optional[str]:
+    """Why a fast-form checkpoint cannot be loaded under ``parallel`` (None when it can)."""
+    if optimizer_form(meta) != FAST_FORM:
+        return None
+    saved, now = jsonable(meta["parallel"]), jsonable(parallel)
+    differs = [f"parallel.{k}={saved.get(k)} -> {now.get(k)}" for k in LAYOUT_KEYS
+               if saved.get(k) != now.get(k)]
+    return ", ".join(differs) or None
+
+
+def conversion_hint(directory: str | Path, meta: Dict[str, Any],
+                    config: str = "<the run's config.yaml>") -> str:
+    """The command that writes a checkpoint's optimizer in the portable form, in place (on the
+    layout it was saved with: its world size, or any other data-parallel size)."""
+    return (f"torchrun --nproc-per-node={meta.get('world_size', 1)} -m gspo_megatron.cli.reshard "
+            f"--portable-optimizer --ckpt {directory} --config {config}")
 
 
 def load_training_checkpoint(model_chunks, optimizer, scheduler, directory: str | Path,
@@ -296,8 +361,19 @@ def load_training_checkpoint(model_chunks, optimizer, scheduler, directory: str 
                          "load it with load_weights / load_optimizer=False")
     saved_layout = layout_key(meta["parallel"], meta.get("world_size"))
     same_layout = saved_layout == layout_key(parallel)
-    if with_optimizer:
+    fast = with_optimizer and optimizer_form(meta) == FAST_FORM
+    if fast:
+        mismatch = fast_form_mismatch(meta, parallel)
+        if mismatch:
+            raise CheckpointError(
+                f"{directory}: its optimizer state is in the fast form of the layout it was saved "
+                f"under ({mismatch}): load it under that layout, or write the portable form "
+                f"first: {conversion_hint(directory, meta)}")
+        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=True,
+                                                          metadata=FAST_SHARDING)
+    elif with_optimizer:
         structures, state["optimizer"] = _optimizer_state_for_load(optimizer, model_sd)
+    if with_optimizer:
         state["scheduler"] = scheduler.state_dict()
         state["step"] = 0
         state["extra"] = {}
@@ -305,8 +381,12 @@ def load_training_checkpoint(model_chunks, optimizer, scheduler, directory: str 
             state["rng"] = _rng_object(layout_key(parallel))
     loaded = _load(state, directory)
     _load_chunks(model_chunks, loaded, directory)
-    if with_optimizer:
+    if fast:  # megatron-core's dp_reshardable load copies into the fp32 main weights in place,
+        with torch.no_grad():  # which autograd refuses on leaves that require grad
+            optimizer.load_state_dict(loaded["optimizer"])
+    elif with_optimizer:
         _restore_optimizer(optimizer, structures, loaded["optimizer"])
+    if with_optimizer:
         scheduler.num_steps = 0  # Megatron's load_state_dict *adds* the saved step count
         scheduler.load_state_dict(loaded["scheduler"])
         if same_layout:

@@ -382,13 +382,18 @@ class Learner:
                 "frozen": list(self.frozen.groups)}
 
     def save_checkpoint(self, directory, extra: Optional[dict] = None,
-                        meta: Optional[dict] = None) -> None:
-        """Training checkpoint; ``extra`` goes into the checkpoint, ``meta`` into gspo_meta.json."""
+                        meta: Optional[dict] = None,
+                        form: str = checkpointing.FAST_FORM) -> None:
+        """Training checkpoint; ``extra`` goes into the checkpoint, ``meta`` into gspo_meta.json;
+        ``form``: the optimizer's (``learner/checkpointing.py``: fast by default, portable for
+        a resume under another layout)."""
         checkpointing.save_training_checkpoint(self.model, self.optimizer, self.scheduler,
-                                               directory, {**(meta or {}), **self._meta()}, extra)
+                                               directory, {**(meta or {}), **self._meta()}, extra,
+                                               form=form)
 
     def load_checkpoint(self, directory, load_optimizer: bool = True) -> dict:
-        """Restore a training checkpoint (any layout); returns the saved ``extra`` dict."""
+        """Restore a training checkpoint (a portable one under any layout, a fast one under its
+        own up to the data-parallel size); returns the saved ``extra`` dict."""
         if not load_optimizer:
             self.load_weights(directory)
             return {}

@@ -282,6 +282,11 @@ class RolloutEngine(abc.ABC):
         """Colocated mode: take the memory back (``tags``: a part of it, e.g. ``["weights"]``
         before a weight sync); generation may run once nothing is released."""
 
+    def cancel_generation(self) -> None:
+        """Stop what is being generated, for a run that is leaving (a preempted step it
+        abandons): a generate call in flight then fails soon instead of running to its end.
+        In-process engines stop with the thread that drives them; nothing to do here."""
+
     @abc.abstractmethod
     def health(self) -> bool:
         """True when the engine can serve generate() now."""

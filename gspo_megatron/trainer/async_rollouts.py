@@ -27,13 +27,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, Dict, List, Optional
 
 from gspo_megatron.data.records import PromptRecord
 from gspo_megatron.rollout.types import Sample, SamplingParams
 from gspo_megatron.trainer.async_generator import AsyncGenerator, FinishedGroup, sample_versions
 from gspo_megatron.trainer.async_ledger import GroupLedger
 from gspo_megatron.trainer.batching import token_lags
+from gspo_megatron.trainer.preemption import AbandonMarker, StepAbandoned, raise_if_abandoned
 from gspo_megatron.trainer.rollout_pipeline import ReadyRollout, _broadcast
 from gspo_megatron.trainer.rollout_step import ScoredRollout, _eos_ids
 
@@ -56,8 +58,11 @@ class AsyncRollouts:
 
     def __init__(self, cfg, engine, sampler, reward_runner, tokenizer,
                  prepare: Callable[[ScoredRollout, Optional[list]], Any], learner, *,
-                 is_main: bool, world_size: int) -> None:
+                 is_main: bool, world_size: int,
+                 abandonable: Callable[[], ContextManager] = nullcontext) -> None:
         self.cfg = cfg
+        self.abandonable = abandonable
+        """Marks the main rank's wait for finished groups as one a deadline may cut."""
         self.prepare = prepare
         self.learner = learner
         self.sampler = sampler
@@ -138,18 +143,29 @@ class AsyncRollouts:
         current weights (pi_old is the proximal policy)."""
         rollout, wait_s = None, 0.0
         if self.is_main:
-            groups, wait_s = self.generator.take(self.lag_of)
-            rollout = self._scored(groups)
-            self.ledger.write(step, taken=[[g.index, g.record.prompt_id,
-                                            max((max(x) for x in lags if x), default=0)]
-                                           for g, lags in zip(groups, self._group_lags(rollout))],
-                              dropped=self.generator.drain_events())
+            rollout, wait_s = self._main_rank_take(step)
         rollout = _broadcast(rollout, self.world_size)
+        raise_if_abandoned(rollout)
         t0 = time.perf_counter()
         prepared = self.prepare(rollout, None)
         lag = max((max(lags, default=0) for lags in rollout.token_lags), default=0)
         return ReadyRollout(rollout, prepared, policy_lag=lag, wait_s=wait_s,
                             prepare_s=time.perf_counter() - t0)
+
+    def _main_rank_take(self, step: int):
+        """Main rank: the step's rollout and the seconds waited, or an :class:`AbandonMarker`
+        when a deadline cut the wait (the groups stay buffered: ``take`` removes them last)."""
+        try:
+            with self.abandonable():
+                groups, wait_s = self.generator.take(self.lag_of)
+        except StepAbandoned as exc:
+            return AbandonMarker(str(exc)), 0.0
+        rollout = self._scored(groups)
+        self.ledger.write(step, taken=[[g.index, g.record.prompt_id,
+                                        max((max(x) for x in lags if x), default=0)]
+                                       for g, lags in zip(groups, self._group_lags(rollout))],
+                          dropped=self.generator.drain_events())
+        return rollout, wait_s
 
     def _scored(self, groups: List[FinishedGroup]) -> ScoredRollout:
         out = ScoredRollout()
@@ -208,6 +224,12 @@ class AsyncRollouts:
             state = {"async": self.generator.snapshot(), "trained": self._trained,
                      "version_step": {str(v): s for v, s in self._version_step.items()}}
         return _broadcast(state, self.world_size)
+
+    def abandon_state(self):
+        """``(pending state, sampler state)`` of a checkpoint of the state before the open step:
+        the generator's buffer and groups in flight as they are (nothing of the open step was
+        taken), the sampler as it is (None: the live one)."""
+        return self.checkpoint_state(), None
 
     def restore(self, state: Optional[dict]) -> None:
         if not state:

@@ -33,6 +33,7 @@ from gspo_megatron.rewards.scorer import RolloutScorer
 from gspo_megatron.trainer.checkpoints import RunCheckpoints, data_identity, plan_resume
 from gspo_megatron.trainer.metrics_log import MetricsLogger
 from gspo_megatron.trainer.overlap_threads import overlap_thread_tuner
+from gspo_megatron.trainer.deadline import save_prior_s
 from gspo_megatron.trainer.preemption import PreemptionFlag
 from gspo_megatron.trainer.preflight import (check_enough_prompts, check_hf_weights,
                                              check_initial_weights, check_input_files,
@@ -176,11 +177,15 @@ def _build_around_engine(cfg, runtime, preemption, engine) -> TrainerParts:
     except BaseException:
         learner.close()
         raise
+    preemption = preemption or PreemptionFlag()
+    preemption.times.save_prior_s = save_prior_s(
+        (p for chunk in learner.model for p in chunk.parameters()), runtime.world_size,
+        cfg.plan.checkpoint_write_gbps)
     parts = TrainerParts(cfg=cfg, runtime=runtime, learner=learner, tokenizer=tokenizer,
                          sampler=sampler, policy_loss=get_policy_loss(cfg.algo.loss),
-                         sft_loss=get_policy_loss("sft"),
-                         preemption=preemption or PreemptionFlag(), run_dir=run_dir,
-                         checkpoints=checkpoints, eval_prompts=eval_records, engine=engine)
+                         sft_loss=get_policy_loss("sft"), preemption=preemption,
+                         run_dir=run_dir, checkpoints=checkpoints, eval_prompts=eval_records,
+                         engine=engine)
     try:
         _fill_parts(parts, cfg, runtime, resume_from, train.records, engine)
     except BaseException:

@@ -3,8 +3,10 @@
 Checkpoints live in ``<checkpoint root>/step_<N>`` (``learner/checkpoint_files.py``). At start,
 :func:`plan_resume` picks the newest *complete* step (its files match its manifest),
 names every newer damaged one it skips, and checks that the checkpoint was trained on the same
-prompts (``data`` in its ``gspo_meta.json``) before any weight is loaded, so a changed dataset
-is a clear error at start-up instead of a failed resume. A fresh start with
+prompts (``data`` in its ``gspo_meta.json``), with the same frozen groups, and, when its
+optimizer is in the fast form, under the same layout, before any weight is loaded: a changed
+dataset or layout is a clear error at start-up (with the conversion command for the layout)
+instead of a failed resume. A fresh start with
 ``checkpoint.resume=never`` in a directory that already holds checkpoints moves them into
 ``superseded_<time>/`` so that a later ``resume=auto`` cannot mix two runs. After each save,
 rotation keeps the newest ``checkpoint.keep_last`` complete steps (never fewer than one) and
@@ -29,7 +31,7 @@ from gspo_megatron.config.validate import ConfigError
 from gspo_megatron.learner.checkpoint_files import (CheckpointError, checkpoint_root,
                                                     list_step_dirs, scan_steps, step_dir)
 from gspo_megatron.config.freeze import frozen_set
-from gspo_megatron.learner.checkpointing import read_meta
+from gspo_megatron.learner.checkpointing import conversion_hint, fast_form_mismatch, read_meta
 from gspo_megatron.learner.freeze import check_same_frozen_groups
 
 log = logging.getLogger(__name__)
@@ -82,7 +84,8 @@ def plan_resume(cfg, data: Dict[str, Any], is_main: bool) -> Optional[Path]:
     if is_main:
         try:
             decision = _decide(cfg.checkpoint, checkpoint_root(cfg.checkpoint, cfg.logging.run_dir),
-                               data, frozen_set(cfg.optimizer.freeze))
+                               data, frozen_set(cfg.optimizer.freeze), cfg.parallel,
+                               str(Path(cfg.logging.run_dir) / "config.yaml"))
         except ConfigError as exc:
             decision = exc
     decision = _broadcast(decision)
@@ -91,7 +94,8 @@ def plan_resume(cfg, data: Dict[str, Any], is_main: bool) -> Optional[Path]:
     return Path(decision) if decision else None
 
 
-def _decide(ckpt_cfg, root: Path, data: Dict[str, Any], frozen: tuple = ()) -> Optional[str]:
+def _decide(ckpt_cfg, root: Path, data: Dict[str, Any], frozen: tuple = (), parallel=None,
+            config: str = "<the run's config.yaml>") -> Optional[str]:
     mode = ckpt_cfg.resume
     if mode == "never":
         return None
@@ -116,6 +120,13 @@ def _decide(ckpt_cfg, root: Path, data: Dict[str, Any], frozen: tuple = ()) -> O
     if problem:
         raise ConfigError(f"{problem}; to resume, undo that change, or {FRESH_START_HINT}")
     check_same_frozen_groups(meta, frozen, path)  # before the learner is built
+    if parallel is not None:
+        mismatch = fast_form_mismatch(meta, parallel)
+        if mismatch:
+            raise ConfigError(
+                f"{path}: its optimizer state is in the fast form of the layout it was saved under "
+                f"({mismatch}); resume under that layout, or write the portable form first: "
+                f"{conversion_hint(path, meta, config)}")
     log.info("resuming from %s (newest complete checkpoint)", path)
     return str(path)
 
@@ -159,12 +170,16 @@ class RunCheckpoints:
         return ResumeState(step=int(extra["trainer_step"]), extra=extra)
 
     # ---- during the run ------------------------------------------------------------------
-    def save(self, step: int, extra: Optional[Dict[str, Any]] = None) -> Path:
+    def save(self, step: int, extra: Optional[Dict[str, Any]] = None,
+             sampler_state: Optional[Dict[str, Any]] = None) -> Path:
         """Checkpoint ``step`` (collective), then rotate old ones on rank 0. ``extra``: the
-        loop's own plain values (the in-flight rollout of a one-step off-policy run)."""
+        loop's own plain values (the in-flight rollout of a one-step off-policy run);
+        ``sampler_state``: the data position to save instead of the live one (a step that was
+        dropped had drawn its prompts already)."""
         path = step_dir(self.root, step)
+        sampler_state = sampler_state if sampler_state is not None else self.sampler.state_dict()
         self.learner.save_checkpoint(path, extra={**(extra or {}), "trainer_step": step,
-                                                  "sampler": self.sampler.state_dict()},
+                                                  "sampler": sampler_state},
                                      meta={"data": self.data})
         if self.is_main:
             self.rotate()

@@ -22,7 +22,11 @@ takes finished groups no older than k, pi_old is the proximal policy (the curren
 log-probs, or a learner pass that may record the routing to replay). ``sync_weights`` only moves
 weights the engine lacks, so a resumed or evaluated run syncs exactly when it needs to. Parts are
 built in ``trainer/build.py``; this module only sequences them. Preemption (SIGUSR1 / SIGTERM)
-checkpoints after the current step and exits with 124 so the Slurm script requeues.
+checkpoints after the current step and exits with 124 so the Slurm script requeues; when the
+job's deadline leaves no room for the rest of the step and a save, the step is abandoned while
+its rollout is still coming (nothing of the learner has changed) and the state after the last
+completed step is saved instead, or, with no room for a save at all, the run exits 125 without
+one (``trainer/preemption.py``, ``trainer/deadline.py``).
 """
 
 from __future__ import annotations
@@ -49,7 +53,10 @@ from gspo_megatron.trainer.evaluation import evaluate_accuracy
 from gspo_megatron.trainer.expert_volatility import ExpertVolatilityProbe
 from gspo_megatron.trainer.finish import finish_run
 from gspo_megatron.trainer.old_policy import OldPolicy, old_policy_pass
-from gspo_megatron.trainer.preemption import REQUEUE_EXIT_CODE
+from gspo_megatron.trainer.deadline import (BETWEEN, GENERATING, GIVE_UP, SAVING, ABANDON,
+                                            UPDATING)
+from gspo_megatron.trainer.preemption import (NO_CHECKPOINT_EXIT_CODE, REQUEUE_EXIT_CODE,
+                                              StepAbandoned)
 from gspo_megatron.trainer.rollout_pipeline import RolloutPipeline
 from gspo_megatron.trainer.rollout_step import ScoredRollout, collect_rollout
 from gspo_megatron.trainer.sft_stop import SftStopRule
@@ -102,17 +109,18 @@ class GSPOTrainer:
         self._engine_step: Optional[int] = None  # learner step whose weights the engine serves
         # colocated: the engine's memory is with the learner (released at build, trainer/build.py)
         self._released = cfg.rollout.mode == "colocated" and parts.runtime.is_main
+        abandonable = parts.preemption.abandonable  # the main rank's waits for a rollout
         if self.staleness >= 2:  # continuous generation across weight updates
             self.rollouts = AsyncRollouts(
                 cfg, parts.engine, parts.sampler, parts.reward_runner, parts.tokenizer,
                 self._prepare, parts.learner, is_main=parts.runtime.is_main,
-                world_size=parts.runtime.world_size)
+                world_size=parts.runtime.world_size, abandonable=abandonable)
         else:
             self.rollouts = RolloutPipeline(
                 self._produce, self._prepare, parts.learner, parts.sampler,
                 is_main=parts.runtime.is_main, world_size=parts.runtime.world_size,
                 overlap=self.overlap, learner_logprobs=cfg.algo.old_logprob_source == "learner",
-                wait_timeout_s=_stall_timeout(parts.engine))
+                wait_timeout_s=_stall_timeout(parts.engine), abandonable=abandonable)
 
     # ---- the phases ----------------------------------------------------------------------
     def _produce(self, step: int) -> ScoredRollout:
@@ -193,7 +201,10 @@ class GSPOTrainer:
         if not self.rollouts.has(step):  # on-policy, or the first step of an overlapped run
             metrics.update(self.sync_weights())
             self.rollouts.submit(step, trained_steps=self.step)
-        ready = self.rollouts.take(step)
+        p.preemption.enter(GENERATING)
+        ready = self.rollouts.take(step)  # StepAbandoned on every rank when a deadline cut it
+        self._abandon_if_late()
+        p.preemption.enter(UPDATING)
         prepared = ready.prepared
         metrics.update(ready.rollout.metrics, **prepared.old.metrics)
         metrics.update({"rollout/policy_lag_steps": float(ready.policy_lag),
@@ -222,6 +233,8 @@ class GSPOTrainer:
             metrics.update(self.sync_weights())
             self.rollouts.synced(trained_steps=step)  # async: the versions' RL steps
         metrics["time/step_s"] = time.perf_counter() - t0
+        p.preemption.times.observe("generate", ready.wait_s)
+        p.preemption.times.observe("update", metrics["time/step_s"] - ready.wait_s)
         metrics["memory/peak_gb"] = peak_memory_gb()
         if p.overlap_threads is not None:
             metrics.update(p.overlap_threads.after_step(step, metrics))
@@ -229,27 +242,96 @@ class GSPOTrainer:
 
     # ---- the run -------------------------------------------------------------------------
     def _preempted_before_first_step(self) -> bool:
-        """A signal during start-up or the cold start: nothing new to save, exit for requeue."""
+        """A signal during start-up: nothing new to save, exit for requeue."""
         if not _any_rank(self.p.preemption.requested, self.p):
             return False
         log.warning("preemption signal before the first RL step: exiting %d without a new "
                     "checkpoint", REQUEUE_EXIT_CODE)
         return True
 
+    def _save(self, extra: Dict, sampler_state: Optional[dict] = None):
+        """Collective: checkpoint ``self.step``; its time feeds the deadline rule."""
+        p = self.p
+        p.preemption.enter(SAVING)
+        start = time.perf_counter()
+        path = p.checkpoints.save(self.step, extra=extra, sampler_state=sampler_state)
+        p.preemption.times.observe("save", time.perf_counter() - start)
+        p.preemption.enter(BETWEEN)
+        if p.runtime.is_main:
+            p.preemption.progress(p.run_dir, self.step, checkpoint=path)
+        return path
+
+    def _abandon_if_late(self) -> None:
+        """Collective, at the last point before the learner changes: a warned run whose
+        deadline leaves no room for the update and a save drops the step here."""
+        p, late = self.p, False
+        if p.runtime.is_main:
+            decision = p.preemption.decision(GENERATING, elapsed_s=float("inf"))
+            late = decision is not None and decision.action in (ABANDON, GIVE_UP)
+            if late:
+                log.warning("abandoning step %d before its update: %s", self.step + 1,
+                            decision.reason)
+        if _any_rank(late, p):
+            raise StepAbandoned(f"no room for step {self.step + 1}'s update and a save")
+
+    def _no_time_to_save(self) -> bool:
+        """Collective: the deadline leaves no room for a save (the main rank's rule)."""
+        p, short = self.p, False
+        if p.runtime.is_main:
+            decision = p.preemption.decision(BETWEEN)
+            short = decision is not None and decision.action == GIVE_UP
+            if short:
+                log.error("%s: stopping without a checkpoint; %s (exit %d)", decision.reason,
+                          p.preemption.redo_note(), NO_CHECKPOINT_EXIT_CODE)
+        return _any_rank(short, p)
+
+    def _save_abandoned(self, reason: StepAbandoned) -> int:
+        """Collective: the open step was dropped before the learner changed; checkpoint the
+        state after the last completed step (``self.step``) and leave for the requeue."""
+        p = self.p
+        if p.engine is not None:  # main rank: stop the servers' work on the dropped rollout
+            p.engine.cancel_generation()
+        pending, sampler_state = self.rollouts.abandon_state()
+        if self._no_time_to_save():
+            return NO_CHECKPOINT_EXIT_CODE
+        self._save({"pending_rollout": pending}, sampler_state=sampler_state)
+        log.warning("dropped step %d (%s) and checkpointed the state after step %d; exiting %d "
+                    "for requeue", self.step + 1, reason, self.step, REQUEUE_EXIT_CODE)
+        return REQUEUE_EXIT_CODE
+
+    def _start_fresh(self) -> Optional[int]:
+        """Cold start and first evaluation of a new run; an exit code when a signal ends it
+        there (a cold start that learned something is checkpointed as step 0 first)."""
+        p = self.p
+        sft = self.cold_start()
+        if _any_rank(p.preemption.requested, p):
+            if not sft:
+                return REQUEUE_EXIT_CODE  # nothing new to keep
+            if self._no_time_to_save():
+                return NO_CHECKPOINT_EXIT_CODE
+            self._save({"pending_rollout": None})
+            log.warning("checkpointed the cold start (step 0) after %s; exiting %d for requeue",
+                        p.preemption.signal_name or "a signal on another rank", REQUEUE_EXIT_CODE)
+            return REQUEUE_EXIT_CODE
+        first_eval = self.evaluate()
+        if p.runtime.is_main:
+            p.logger.log(0, {**sft, **first_eval})
+        return None
+
     def run(self) -> int:
         cfg, p = self.cfg, self.p
         resumed = p.checkpoints.resume()
         self.step = resumed.step if resumed else 0
         p.logger.start(self.step if resumed else None)  # metrics agree with the checkpoint
+        if p.runtime.is_main:  # only the main rank acts on the job's deadline
+            p.preemption.acting = True
+            p.preemption.progress(p.run_dir, self.step, checkpoint=p.checkpoints.resume_from)
         if self._preempted_before_first_step():
             return REQUEUE_EXIT_CODE
         if resumed is None:
-            sft = self.cold_start()
-            if self._preempted_before_first_step():
-                return REQUEUE_EXIT_CODE
-            first_eval = self.evaluate()
-            if p.runtime.is_main:
-                p.logger.log(0, {**sft, **first_eval})
+            code = self._start_fresh()
+            if code is not None:
+                return code
         else:  # the first step syncs the engine, as the uninterrupted run did
             self.rollouts.restore(resumed.extra.get("pending_rollout"))
         eval_every = cfg.trainer.eval_every_steps
@@ -257,22 +339,29 @@ class GSPOTrainer:
                    disable=not p.runtime.is_main, dynamic_ncols=True)
         while self.step < cfg.trainer.num_steps:
             kill_points.enter_step(self.step + 1)  # a test hook's clock (faults/kill_points.py)
-            metrics = self.rl_step()
+            try:
+                metrics = self.rl_step()
+            except StepAbandoned as reason:  # every rank, before the learner changed
+                return self._save_abandoned(reason)
             self.step += 1
+            p.preemption.enter(BETWEEN)
             bar.update(1)
             bar.set_postfix(reward=f"{metrics.get('reward/mean', 0.0):.3f}")
             last = self.step == cfg.trainer.num_steps
-            if last or (eval_every and self.step % eval_every == 0):
+            preempted = _any_rank(p.preemption.requested, p)
+            if (last or (eval_every and self.step % eval_every == 0)) and \
+                    not (preempted and not last):  # a warned run saves before evaluating
                 metrics.update(self.evaluate())
             if p.runtime.is_main:
                 p.logger.log(self.step, metrics)
+                p.preemption.progress(p.run_dir, self.step)
                 log.info("step %d/%d %s", self.step, cfg.trainer.num_steps, _summary(metrics))
-            preempted = _any_rank(p.preemption.requested, p)
+            if preempted and self._no_time_to_save():
+                return NO_CHECKPOINT_EXIT_CODE
             every = cfg.checkpoint.save_every_steps
             if (last and cfg.checkpoint.save_final) or preempted or \
                     (every and self.step % every == 0):
-                p.checkpoints.save(self.step,
-                                   extra={"pending_rollout": self.rollouts.checkpoint_state()})
+                self._save({"pending_rollout": self.rollouts.checkpoint_state()})
             if preempted and not last:
                 log.warning("checkpointed step %d after %s; exiting %d for requeue", self.step,
                             p.preemption.signal_name or "a signal on another rank", REQUEUE_EXIT_CODE)

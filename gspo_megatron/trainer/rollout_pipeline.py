@@ -33,14 +33,16 @@ import dataclasses
 import logging
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, ContextManager, Dict, Optional
 
 import torch
 import torch.distributed as dist
 
 from gspo_megatron.learner.weight_snapshot import WeightSnapshot, weights_swapped_in
 from gspo_megatron.rollout.types import Sample
+from gspo_megatron.trainer.preemption import AbandonMarker, StepAbandoned, raise_if_abandoned
 from gspo_megatron.trainer.rollout_step import ScoredRollout
 
 log = logging.getLogger(__name__)
@@ -110,7 +112,8 @@ class RolloutPipeline:
     def __init__(self, produce: Callable[[int], ScoredRollout],
                  prepare: Callable[[ScoredRollout, Optional[list]], Any], learner, sampler, *,
                  is_main: bool, world_size: int, overlap: bool, learner_logprobs: bool,
-                 wait_timeout_s: Optional[float] = None) -> None:
+                 wait_timeout_s: Optional[float] = None,
+                 abandonable: Callable[[], ContextManager] = nullcontext) -> None:
         self.produce = produce
         self.prepare = prepare
         """``prepare(rollout, saved_old_logprobs)``: the step's batch and pi_old (collective);
@@ -124,6 +127,12 @@ class RolloutPipeline:
         self.wait_timeout_s = wait_timeout_s
         """The longest ``take`` waits for a background rollout (the engine's own stall deadline
         for SGLang servers, whose every request is bounded; None: the engine has no bound)."""
+        self.abandonable = abandonable
+        """Marks the main rank's wait for a rollout as one a deadline may cut
+        (``trainer.preemption.PreemptionFlag.abandonable``)."""
+        self._sampler_at_submit: Optional[dict] = None
+        """The sampler's state before the pending rollout drew its prompts (every rank): what a
+        checkpoint of an abandoned step holds, so that the resumed run draws them again."""
         self._step: Optional[int] = None  # the submitted step, on every rank
         self._version = 0
         self._snapshot: Optional[WeightSnapshot] = None
@@ -140,6 +149,7 @@ class RolloutPipeline:
         if self._step is not None:
             raise RuntimeError(f"rollout {self._step} is still pending; take it before submitting {step}")
         self._step, self._version = step, trained_steps
+        self._sampler_at_submit = self.sampler.state_dict()
         if self.overlap and self.learner_logprobs:
             self._snapshot = WeightSnapshot.take(self.learner)
         if self.is_main and self.overlap:
@@ -165,12 +175,10 @@ class RolloutPipeline:
         if self._restored is not None:
             (rollout, saved), self._restored = self._restored, None
         else:
-            rollout, saved = None, None
-            if self.is_main:
-                job, self._job = self._job, None
-                rollout = (job.result(self.wait_timeout_s) if job is not None
-                           else self.produce(step))
-            rollout = _broadcast(rollout, self.world_size)
+            saved = None
+            rollout = _broadcast(self._main_rank_rollout(step) if self.is_main else None,
+                                 self.world_size)
+            raise_if_abandoned(rollout)
             if not self.is_main:  # every rank's sampler keeps the main rank's data position
                 self.sampler.next_batch(rollout.num_prompts_drawn)
         wait_s = time.perf_counter() - t0
@@ -180,6 +188,18 @@ class RolloutPipeline:
             prepared = self.prepare(rollout, saved)
         return ReadyRollout(rollout, prepared, policy_lag=step - 1 - self._version,
                             wait_s=wait_s, prepare_s=time.perf_counter() - t1)
+
+    def _main_rank_rollout(self, step: int):
+        """Main rank: ``step``'s rollout, or an :class:`AbandonMarker` when a deadline cut the
+        wait for it (the background job, if any, is left to the engine's cancellation)."""
+        try:
+            with self.abandonable():
+                job = self._job
+                rollout = job.result(self.wait_timeout_s) if job is not None else self.produce(step)
+        except StepAbandoned as exc:
+            return AbandonMarker(str(exc))
+        self._job = None
+        return rollout
 
     def synced(self, trained_steps: int) -> None:
         """The engine serves the weights after ``trained_steps`` (the async pipeline's hook)."""
@@ -202,6 +222,13 @@ class RolloutPipeline:
                    for mini in ready.prepared.old.mini_batches]
         return {"step": self._step, "version": self._version,
                 "rollout": dataclasses.asdict(ready.rollout), "old_logprobs": old}
+
+    def abandon_state(self):
+        """``(pending rollout, sampler state)`` of a checkpoint of the state before the open
+        step, which is dropped: nothing pending, the sampler before the step's prompts were
+        drawn. With the overlap the resumed run generates that rollout again, with the newer
+        weights (its policy lag is 0 for that one step)."""
+        return None, self._sampler_at_submit
 
     def restore(self, state: Optional[dict]) -> None:
         """Put back what :meth:`checkpoint_state` saved (its prompts are already drawn)."""

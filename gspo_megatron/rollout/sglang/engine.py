@@ -39,7 +39,7 @@ from gspo_megatron.rollout.sglang.control import FleetControl
 from gspo_megatron.rollout.sglang.partial_rollout import PartialRolloutStats, integer_versions
 from gspo_megatron.rollout.sglang.sample_runner import (HEALTH_PROBE_S, BatchCounts, SampleFailed,
                                                         SampleRunner)
-from gspo_megatron.rollout.sglang.server_pool import ServerPool
+from gspo_megatron.rollout.sglang.server_pool import NoLiveServer, ServerPool
 from gspo_megatron.rollout.types import (GenerationRequest, RolloutEngine, Sample, SamplingParams,
                                          expand_requests)
 
@@ -103,6 +103,8 @@ class SGLangEngine(SampleRunner, RolloutEngine):
         self._active: Set[Tuple[str, int]] = set()
         """Sample keys some generate call is working on (their request ids name them)."""
         self._sglang_versions: Dict[str, str] = {}
+        self.cancelled = threading.Event()
+        """Set by :meth:`cancel_generation`: every attempt after it fails at once."""
 
     @classmethod
     def from_config(cls, cfg, model_path: Optional[str] = None, log_dir: Optional[str] = None,
@@ -352,6 +354,17 @@ class SGLangEngine(SampleRunner, RolloutEngine):
 
     def resume_memory(self, tags: Optional[Sequence[str]] = None) -> None:
         self.control.resume_memory(tags)
+
+    def cancel_generation(self) -> None:
+        """No further attempt starts, and every server aborts what runs (SGLang's
+        ``/abort_request {abort_all}``), so the workers of a generate call in flight end within
+        one answer instead of generating to ``max_new_tokens``."""
+        self.cancelled.set()
+        try:
+            self.pool.on_members(lambda s: s.client.abort_request(abort_all=True, timeout_s=10.0),
+                                 "abort (the run is leaving)")
+        except (NoLiveServer, api.ServerRefused) as exc:
+            log.warning("cancelling the generation in flight: %s", exc)
 
     def shutdown(self) -> None:
         super().shutdown()

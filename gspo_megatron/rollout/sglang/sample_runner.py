@@ -63,8 +63,8 @@ class BatchCounts:
 class SampleRunner:
     """The attempts of one sample (a mixin of the engine). Reads the engine's ``pool``,
     ``control``, ``max_retries``, ``request_timeout_s``, ``routing_shape``,
-    ``keep_partial_rollouts``, ``partial_stats``, ``_count_lock``, ``_num_retries`` and
-    ``_sglang_versions`` (set in its ``__init__``)."""
+    ``keep_partial_rollouts``, ``partial_stats``, ``cancelled``, ``_count_lock``,
+    ``_num_retries`` and ``_sglang_versions`` (set in its ``__init__``)."""
 
     def _attempt(self, server: ServerState, rid: str, payload: Dict, epoch: int) -> api.GenerateResult:
         self.pool.sent(server, rid)
@@ -138,6 +138,8 @@ class SampleRunner:
 
     def _acquire(self, name: str, tried: Set[str], errors: List[str]) -> ServerState:
         """A server for the next attempt, once no sync of ours holds generation paused."""
+        if self.cancelled.is_set():
+            raise SampleFailed(f"{name}: generation cancelled (the run is leaving)")
         if not self.control.wait_open(self.request_timeout_s):
             raise SampleFailed(f"{name}: generation stayed paused for {self.request_timeout_s:g}s "
                                "(a weight sync or memory release that did not end); errors so "
