@@ -22,8 +22,8 @@
 #   NCCL_* / TORCH_NCCL_*     already-set values win over the defaults in slurm/lib.sh
 # The trainer gets logging.run_dir, launch.num_nodes, rollout.sglang.server_addresses (and
 # parallel.world_size when the config leaves it open) after the arguments; learner rank 0
-# publishes its own address for the weight-update group. Preemption: Slurm sends USR1 10 minutes
-# before the limit; the learner checkpoints (the step it is in, or the last completed one when
+# publishes its own address for the weight-update group. Preemption: Slurm sends USR1 15 minutes
+# before the limit (launch.warning_lead_s: a step of ~8 min and a save of ~2 min fit, gspo-plan); the learner checkpoints (the step it is in, or the last completed one when
 # the job's end leaves no room for the step and a save) and exits 124, and the job requeues
 # itself and resumes from that checkpoint (docs/cluster.md).
 #SBATCH --job-name=gspo-30b
@@ -34,7 +34,7 @@
 #SBATCH --exclusive
 #SBATCH --mem=0
 #SBATCH --time=24:00:00
-#SBATCH --signal=B:USR1@600
+#SBATCH --signal=B:USR1@900
 #SBATCH --requeue
 #SBATCH --open-mode=append
 #SBATCH --output=slurm-%x-%j.out

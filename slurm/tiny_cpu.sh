@@ -12,9 +12,9 @@
 # Settings as in slurm/gspo_30b.sh. The CPU profile starts from these overrides (yours come after
 # them and win): launch.devices_per_node=1 (one learner process and one server per node),
 # rollout.engine=reference, rollout.weight_sync.transport=nccl (gloo between processes),
-# rollout.sglang.port=31000. GSPO_CONFIG defaults to configs/tiny_cpu.yaml, GSPO_PYTHON to
-# python3. GSPO_TRAIN_ENTRY / GSPO_ROLLOUT_ENTRY replace the python entry points (tests use
-# stand-ins).
+# rollout.sglang.port=31000, launch.warning_lead_s=60 (its --signal=B:USR1@60). GSPO_CONFIG
+# defaults to configs/tiny_cpu.yaml, GSPO_PYTHON to python3. GSPO_TRAIN_ENTRY /
+# GSPO_ROLLOUT_ENTRY replace the python entry points (tests use stand-ins).
 #SBATCH --job-name=gspo-tiny-cpu
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
@@ -31,7 +31,7 @@ GSPO_SCRIPT=slurm/tiny_cpu.sh
 GSPO_JOB_NAME=gspo-tiny-cpu
 GSPO_PROFILE=cpu
 GSPO_PROFILE_OVERRIDES=(launch.devices_per_node=1 rollout.engine=reference
-  rollout.weight_sync.transport=nccl rollout.sglang.port=31000)
+  rollout.weight_sync.transport=nccl rollout.sglang.port=31000 launch.warning_lead_s=60)
 GSPO_CONFIG=${GSPO_CONFIG:-configs/tiny_cpu.yaml}
 GSPO_PYTHON=${GSPO_PYTHON:-python3}
 export GSPO_REPO GSPO_PROFILE GSPO_PYTHON

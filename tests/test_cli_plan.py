@@ -79,9 +79,10 @@ def test_host_mode_predicts_each_process_and_what_the_freeze_saves():
     assert frozen["fits"] and not full["fits"]
     saving = json.loads(_run(cfg, "checkpoint.save_final=true", "--host", "--host-memory", "24GiB",
                              "--json").stdout)["host"]["learner"]
-    trained = 1.2457e9 - 2 * embedding  # the optimizer's save gathers 12 bytes of each
-    assert saving["moment"] == "checkpoint save"
-    assert saving["peak_bytes"] - frozen["learner"]["peak_bytes"] > 12 * trained * 0.9
+    # A save holds one tensor beyond the state (issue 49: the optimizer's own shard is written,
+    # no gather of 12 bytes per trained parameter): it does not raise the training peak.
+    assert saving["moment"] == "training"
+    assert saving["peak_bytes"] == frozen["learner"]["peak_bytes"]
     server = {t["name"]: t["bytes"] for t in frozen["server"]["terms"]}
     assert server["weights (bf16)"] == pytest.approx(2 * 1.2457e9, rel=1e-3)
     assert server["KV pool"] == 4096 * 1 * 4 * 2 * 128 * 2  # max_total_tokens x layers x kv x K,V

@@ -1,5 +1,7 @@
 """A checkpoint write is complete or absent: manifest last, free space checked first, a failed
-write removed and reported in one sentence, no helper process left behind (one gloo process)."""
+write removed and reported in one sentence, no helper process left behind (one gloo process);
+a save written in the background counts only once finished, and a write that fails there is
+reported at the finish."""
 
 from __future__ import annotations
 
@@ -107,3 +109,61 @@ def test_the_size_estimate_is_close_to_what_is_written(gloo, tmp_path, num, size
     checkpoint_write.atomic_save(state, tmp_path / "c", {"step": 1})
     written = json.loads((tmp_path / "c" / MANIFEST_FILE).read_text())["total_bytes"]
     assert -0.03 * written < expected - written < 0.06 * written, (expected, written)
+
+
+def test_a_background_save_writes_from_a_thread_and_counts_once_finished(gloo, tmp_path,
+                                                                         monkeypatch):
+    """Issue 49: ``begin_save(background=True)`` returns after the planning and common.pt; a
+    thread writes the shard files while the caller goes on; nothing is a checkpoint until
+    ``finish``, whose report has the blocking part, the total, the bytes and the host peak."""
+    import threading
+
+    from gspo_megatron.learner import streaming_save
+
+    gate, entered = threading.Event(), threading.Event()
+    real = streaming_save._one_at_a_time
+
+    def held(tensor_data, on_tensor=None):
+        entered.set()
+        assert gate.wait(10)  # the writer waits here until the caller has gone on
+        yield from real(tensor_data, on_tensor)
+
+    monkeypatch.setattr(streaming_save, "_one_at_a_time", held)
+    out = tmp_path / "step_000005"
+    pending = checkpoint_write.begin_save(_state(), out, {"step": 5}, background=True)
+    assert entered.wait(10) and pending.writing  # the caller is back, the thread is writing
+    assert not out.exists() and (tmp_path / "step_000005.partial" / "common.pt").is_file()
+    gate.set()
+    report = pending.finish()
+    assert verify_checkpoint(out) == [] and not pending.writing
+    assert report.bytes_written >= 1_000_000 and report.checkpoint_bytes >= 1_000_000
+    assert 0 < report.blocking_s <= report.total_s and report.peak_rss_bytes > 1_000_000
+    assert pending.finish() is report  # finishing twice is one finish
+
+
+def test_a_background_write_that_fails_is_reported_at_finish_and_removed(gloo, tmp_path,
+                                                                         monkeypatch):
+    """A full disk during a background save: ``finish`` raises one OutputWriteError naming the
+    checkpoint, the partial directory is gone and the previous checkpoint stays."""
+    import errno
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    checkpoint_write.atomic_save(_state(), tmp_path / "step_000001", {"step": 1})
+
+    def no_space(transform_list, index, write_bucket, results_queue, count_queue, use_fsync,
+                 **_):
+        results_queue.put((index, OSError(errno.ENOSPC, "No space left on device")))
+        count_queue.get()
+        count_queue.task_done()
+
+    monkeypatch.setattr(filesystem_async.FileSystemWriterAsync, "write_preloaded_data",
+                        staticmethod(no_space))
+    out = tmp_path / "step_000002"
+    pending = checkpoint_write.begin_save(_state(), out, {"step": 2}, background=True)
+    with pytest.raises(OutputWriteError) as info:
+        pending.finish()
+    assert str(info.value).startswith(f"no space left on {out} while writing checkpoint "
+                                      "step_000002"), info.value
+    assert not (tmp_path / "step_000002.partial").exists() and not out.exists()
+    assert verify_checkpoint(tmp_path / "step_000001") == []

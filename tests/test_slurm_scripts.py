@@ -57,6 +57,19 @@ def test_dockerfile_passes_hadolint_and_builds_one_python_for_learners_and_serve
     assert "transformer-engine==2.11.0" in (REPO / "requirements-gpu.txt").read_text()
 
 
+def test_the_warning_lead_of_each_job_script_is_its_configs():
+    """launch.warning_lead_s is what the planner and config loading check a step and a save
+    against: the same N as each script's --signal=B:USR1@N (the CPU profile sets its own)."""
+    from gspo_megatron.config import load_config
+
+    production = (REPO / "slurm" / "gspo_30b.sh").read_text()
+    lead = int(re.search(r"#SBATCH --signal=B:USR1@(\d+)", production).group(1))
+    assert load_config(REPO / "configs" / "qwen3_30b_a3b_gspo.yaml").launch.warning_lead_s == lead
+    tiny = (REPO / "slurm" / "tiny_cpu.sh").read_text()
+    lead = int(re.search(r"#SBATCH --signal=B:USR1@(\d+)", tiny).group(1))
+    assert f"launch.warning_lead_s={lead}" in tiny
+
+
 def test_production_script_asks_for_the_warning_signal_and_requeue():
     text = (REPO / "slurm" / "gspo_30b.sh").read_text()
     for line in ("#SBATCH --signal=B:USR1@", "#SBATCH --requeue", "#SBATCH --open-mode=append"):

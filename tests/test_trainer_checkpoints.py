@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 
 import pytest
 from omegaconf import OmegaConf
@@ -13,6 +14,7 @@ from omegaconf import OmegaConf
 from gspo_megatron.config.schema import GSPOConfig
 from gspo_megatron.config.validate import ConfigError
 from gspo_megatron.learner.checkpoint_files import step_dir, write_manifest
+import gspo_megatron.trainer.checkpoints as checkpoints_module
 from gspo_megatron.trainer.checkpoints import RunCheckpoints, data_identity, plan_resume
 
 SAMPLER = {"seed": 1234, "shuffle": True, "fingerprint": "abc", "num_records": 100,
@@ -42,8 +44,11 @@ class FakeLearner:
     def __init__(self):
         self.loaded = None
 
-    def save_checkpoint(self, directory, extra, meta):
+    def save_checkpoint(self, directory, extra, meta, background=False):
+        from gspo_megatron.learner.checkpoint_write import SaveReport
+
         _fake_save(directory, meta["data"], extra["trainer_step"])
+        return SaveReport(str(directory), 0.1, 0.2, 100, 200, 300)
 
     def load_checkpoint(self, directory):
         self.loaded = directory
@@ -148,13 +153,46 @@ def test_rotation_keeps_the_newest_complete_ones_and_never_the_only_one(tmp_path
     (step_dir(_root(tmp_path), 1) / "common.pt").unlink()  # damaged, older than the new ones
     for step in (2, 3, 4):
         ckpts.save(step)
+    ckpts.wait_for_deletes()  # a retired step is renamed at once, deleted by a thread
     assert sorted(p.name for p in _root(tmp_path).iterdir()) == ["step_000003", "step_000004"]
     # Newer steps damaged: the one complete checkpoint stays, whatever keep_last says.
     cfg.checkpoint.keep_last = 1
     _fake_save(step_dir(_root(tmp_path), 9))
     (step_dir(_root(tmp_path), 9) / "manifest.json").unlink()
     ckpts.rotate()
+    ckpts.close()
     assert sorted(p.name for p in _root(tmp_path).iterdir()) == ["step_000004", "step_000009"]
+    records = [json.loads(line) for line in (tmp_path / "checkpoints.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 3, 4] and records[0]["total_s"] == 0.2
+
+
+def test_a_retired_step_is_out_of_the_way_at_once_and_its_leftover_removed_at_start(tmp_path):
+    """Rotation renames before it deletes (in a thread): a resume never sees a half-deleted
+    step as a checkpoint, and start-up removes a rename whose delete did not finish."""
+    from gspo_megatron.learner.checkpoint_files import clean_leftovers, scan_steps
+
+    cfg = _cfg(tmp_path, keep_last=1)
+    ckpts = RunCheckpoints(cfg, FakeLearner(), FakeSampler(), True, DATA, None)
+    deleted = threading.Event()
+    real_delete = checkpoints_module._delete
+
+    def slow_delete(paths):
+        assert all(p.name.endswith(".deleting") for p in paths)
+        assert [s for s, _ in scan_steps(_root(tmp_path)).complete] == [2]  # out of the way
+        deleted.wait(10)
+        real_delete(paths)
+
+    checkpoints_module._delete = slow_delete
+    try:
+        ckpts.save(1)
+        ckpts.save(2)  # retires step 1 while its delete waits
+        assert (_root(tmp_path) / "step_000001.deleting").is_dir()
+        assert clean_leftovers(_root(tmp_path)) == [_root(tmp_path) / "step_000001.deleting"]
+    finally:
+        deleted.set()
+        checkpoints_module._delete = real_delete
+        ckpts.close()
+    assert sorted(p.name for p in _root(tmp_path).iterdir()) == ["step_000002"]
 
 
 def test_old_checkpoint_without_data_record_still_explains_a_mismatch(tmp_path):

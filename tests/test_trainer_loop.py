@@ -228,7 +228,8 @@ def test_killed_run_resumes_to_identical_metrics(assets, tmp_path, overlap):
     assert ref.wait(timeout=600) == 0, _tail(ref_dir)
 
     def comparable(rows):
-        return [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/")) and "per_s" not in k
+        return [{k: v for k, v in r.items()
+                 if not k.startswith(("time/", "memory/", "checkpoint/")) and "per_s" not in k
                  and "_s" != k[-2:]} for r in rows]
 
     assert comparable(_rows(killed_dir)) == comparable(_rows(ref_dir))
@@ -294,7 +295,7 @@ def test_a_warning_too_late_for_the_step_drops_it_or_stops_and_the_run_redoes_th
     assert ref.wait(timeout=300) == 0, _tail(ref_dir)
 
     def comparable(rows):
-        return [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/"))
+        return [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/", "checkpoint/"))
                  and "per_s" not in k and "_s" != k[-2:]} for r in rows]
 
     assert comparable(_rows(run_dir)) == comparable(_rows(ref_dir))

@@ -434,6 +434,11 @@ class CheckpointConfig:
     resume: str = "auto"
     """``auto`` resumes when ``dir`` holds a checkpoint; ``always`` or ``never``."""
     keep_last: int = 2
+    async_save: bool = True
+    """Periodic saves write their files while the next step's rollout is generated (the
+    learner only waits then) and are completed before its update; the step is held only for
+    the planning. Final and preemption saves are written at once. false: every save holds the
+    step until it is complete."""
 
 
 @dataclass
@@ -498,6 +503,11 @@ class LaunchConfig:
     num_learner_nodes: Optional[int] = None
     """``rollout.mode=disaggregated``: the first N nodes learn, the rest serve. Colocated: every
     node does both (leave None or set it to ``num_nodes``)."""
+    warning_lead_s: int = 600
+    """Seconds before the job's end that Slurm warns it: the job script's
+    ``--signal=B:USR1@N`` (600 in ``slurm/gspo_30b.sh``). Config loading warns when the
+    planner's step plus save time does not fit in it less the requeue's 60 s
+    (``planner/checkpoint_io.py``). > 0."""
 
 
 @dataclass

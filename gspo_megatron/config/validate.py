@@ -116,6 +116,7 @@ LOWER_BOUNDS = (
     ("trainer.sft_batch_size", 1, True), ("trainer.eval_every_steps", 0, True),
     ("trainer.sft_lr", 0.0, False),
     ("checkpoint.save_every_steps", 0, True), ("checkpoint.keep_last", 1, True),
+    ("launch.warning_lead_s", 0, False),
     ("rollout.max_new_tokens", 1, True), ("rollout.n_samples_per_prompt", 1, True),
     ("rollout.sglang.num_servers", 1, True), ("rollout.sglang.max_retries", 0, True),
     ("rollout.sglang.request_timeout_s", 0.0, False), ("rollout.sglang.health_timeout_s", 0.0, False),

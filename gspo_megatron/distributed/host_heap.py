@@ -10,6 +10,7 @@ learner process kept 0.6-1.9 GiB of freed heap above its live tensors, varying f
 a trim after building and after each update takes 5-50 ms and returns it.
 
     trim_host_heap()   # True when glibc trimmed; False elsewhere (musl, macOS) or on a GPU run
+    resident_bytes()   # the process's resident set now
 """
 
 from __future__ import annotations
@@ -18,9 +19,20 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import os
 from typing import Optional
 
 log = logging.getLogger(__name__)
+
+
+def resident_bytes() -> int:
+    """This process's resident set now (``/proc/self/statm``; 0 where there is none): what a
+    checkpoint save reports as its host-memory high-water mark."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 @functools.lru_cache(maxsize=1)

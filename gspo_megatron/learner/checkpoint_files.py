@@ -40,6 +40,9 @@ MANIFEST_FORMAT = "gspo-megatron-manifest-v1"
 META_FILE = "gspo_meta.json"
 STEP_PREFIX = "step_"
 LEFTOVER_SUFFIXES = (".partial", ".old")
+DISCARDED_SUFFIX = ".deleting"
+"""A checkpoint rotation retired: renamed first (at once), deleted later (in the background);
+one that is still there at start-up is deleted then."""
 # dist_checkpointing.load needs these in every checkpoint (see the module docstring).
 REQUIRED_FILES = ("common.pt", ".metadata", "metadata.json", META_FILE)
 
@@ -191,12 +194,17 @@ def clean_leftovers(root: str | Path) -> List[Path]:
     ``X.partial`` is a write that did not finish (deleted) or, when it verifies complete and
     ``X`` is absent, a finished one whose final rename was interrupted (renamed into place).
     ``X.old`` is the previous version of a replaced ``X``: restored when ``X`` is absent and it
-    is complete, deleted otherwise. Anything else is left alone.
+    is complete, deleted otherwise. ``X.deleting`` was retired by a rotation: deleted. Anything
+    else is left alone.
     """
     root = Path(root)
     if not root.is_dir():
         return []
     touched = []
+    for d in sorted(p for p in root.iterdir() if p.name.endswith(DISCARDED_SUFFIX)):
+        shutil.rmtree(d, ignore_errors=True)
+        log.warning("removed %s, retired by a rotation that did not finish deleting it", d)
+        touched.append(d)
     for suffix in LEFTOVER_SUFFIXES:  # .partial first: it is newer than .old
         for d in sorted(p for p in root.iterdir() if p.name.endswith(suffix) and p.is_dir()):
             final = d.with_name(d.name[: -len(suffix)])

@@ -5,11 +5,14 @@ Collective (every rank calls :func:`atomic_save`):
 1. rank 0 checks the free space against the checkpoint's size (the sharded tensors' bytes,
    summed over ranks) and creates ``<dir>.partial``; if that fails, every rank raises the same
    :class:`OutputWriteError`, so no rank enters the save alone;
-2. ``dist_checkpointing.save`` writes into ``<dir>.partial`` in this process, one tensor at a
-   time (``learner/streaming_save.py``: no copy of the model, no writer processes); a failure
-   there (a shard write, reported on every rank by ``save_state_dict_async_finalize`` in
-   megatron-core 0.16.1 ``strategies/state_dict_saver.py``) removes the partial directory and
-   raises one readable :class:`OutputWriteError` (``learner/disk_space.py``);
+2. ``dist_checkpointing.save`` plans the save with every rank and writes into
+   ``<dir>.partial`` in this process, one tensor at a time (``learner/streaming_save.py``: no
+   copy of the model, no writer processes), in the foreground or in a background thread
+   (:func:`begin_save`: the trainer's periodic saves, written while the next step's rollout
+   is generated); a failure there (a shard write, reported on every rank by
+   ``save_state_dict_async_finalize`` in megatron-core 0.16.1 ``strategies/state_dict_saver.py``
+   when the save is finished) removes the partial directory and raises one readable
+   :class:`OutputWriteError` (``learner/disk_space.py``);
 3. rank 0 writes ``gspo_meta.json``, then ``manifest.json`` (``learner/checkpoint_files.py``),
    then renames the directory into place (an older version is kept as ``<dir>.old`` until the
    rename is done; ``clean_leftovers`` finishes or undoes an interrupted rename).
@@ -25,14 +28,17 @@ import logging
 import os
 import pickle
 import shutil
-from dataclasses import asdict, is_dataclass
+import threading
+import time
+from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
+from gspo_megatron.distributed.host_heap import resident_bytes
 from gspo_megatron.faults import kill_points
 from gspo_megatron.learner.checkpoint_files import META_FILE, write_manifest
 from gspo_megatron.learner.disk_space import (OutputWriteError, check_free_space,
@@ -147,7 +153,7 @@ def save_strategy(spread_writes: bool):
 
 
 def atomic_save(state: Dict[str, Any], directory: str | Path, meta: Dict[str, Any],
-                spread_writes: bool = False) -> None:
+                spread_writes: bool = False) -> "SaveReport":
     """Write ``state`` into ``<dir>.partial`` and rename it into place once it is complete.
 
     Collective. Before writing, the expected size is checked against the free space; if any
@@ -155,31 +161,111 @@ def atomic_save(state: Dict[str, Any], directory: str | Path, meta: Dict[str, An
     :class:`OutputWriteError` that names the path and the cause. The manifest is written last.
     ``spread_writes``: see :func:`save_strategy`.
     """
-    from megatron.core import dist_checkpointing
+    return begin_save(state, directory, meta, spread_writes, background=False).finish()
 
-    final = Path(directory)
-    partial = final.with_name(final.name + ".partial")
-    what = f"checkpoint {final.name}"
-    expected = _state_nbytes(state)
 
-    def prepare() -> None:
-        shutil.rmtree(partial, ignore_errors=True)
-        check_free_space(partial.parent, expected, what)
-        partial.mkdir(parents=True)
+@dataclass
+class SaveReport:
+    """One finished save, as this rank saw it (``checkpoint/*`` metrics, ``checkpoints.jsonl``)."""
 
-    _rank0_then_agree(prepare, final, what)
-    _barrier()
-    try:
-        dist_checkpointing.save(state, str(partial), sharded_strategy=save_strategy(spread_writes))
-    except (Exception, CheckpointException) as exc:  # torch's CheckpointException is a BaseException
-        message = describe_write_failure(exc, final, what)
+    directory: str
+    blocking_s: float
+    """Seconds the caller was held: planning, ``common.pt`` and, for a save in the foreground,
+    the shard writes; the finalisation is added when :meth:`PendingSave.finish` is called."""
+    total_s: float
+    """From the start to the checkpoint's rename into place."""
+    bytes_written: int
+    """This rank's shard files (each rank writes its own: the save's spread)."""
+    checkpoint_bytes: int
+    """The whole checkpoint's expected size, every rank's writes together."""
+    peak_rss_bytes: int
+    """This process's highest resident set seen during the save (at its start, while each
+    tensor was being written, at its end)."""
+
+
+class PendingSave:
+    """A checkpoint whose shard files are being written (a background thread, or already, in
+    the foreground); :meth:`finish` (collective) makes it a complete checkpoint.
+
+    In the background the thread reads the model's and the optimizer's own tensors while they
+    are written, so nothing may change them before :meth:`finish`: the loop finishes a pending
+    save before the next optimizer step (the rollout it waits for meanwhile only reads them)."""
+
+    def __init__(self, request, partial: Path, final: Path, meta: Dict[str, Any],
+                 checkpoint_bytes: int, started: float, background: bool) -> None:
+        self.partial, self.final, self.meta = partial, final, meta
+        self.checkpoint_bytes = checkpoint_bytes
+        self._request = request
+        self._started = started
+        self._rss_at_start = resident_bytes()
+        self._error: Optional[BaseException] = None
+        self._thread: Optional[threading.Thread] = None
+        if request.async_fn is not None and background:
+            self._thread = threading.Thread(target=self._write, name="checkpoint-writer",
+                                            daemon=True)
+            self._thread.start()
+        elif request.async_fn is not None:
+            self._write()
+        self.blocking_s = time.perf_counter() - started
+        self.finished: Optional[SaveReport] = None
+
+    def _write(self) -> None:
+        try:
+            self._request.async_fn(*self._request.async_fn_args,
+                                   **self._request.async_fn_kwargs)
+        except BaseException as exc:  # handed to the finalisation, which tells every rank
+            self._error = exc
+            writer = getattr(self._request.async_fn, "__self__", None)
+            if getattr(writer, "results_queue", None) is not None:
+                writer.results_queue.put(exc if isinstance(exc, Exception)
+                                         else RuntimeError(f"checkpoint writer: {exc!r}"))
+
+    @property
+    def writing(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def finish(self) -> SaveReport:
+        """Collective: wait for this rank's writes, agree on the outcome, write the metadata,
+        the manifest, and rename the directory into place. A failed write anywhere removes the
+        partial directory and raises one :class:`OutputWriteError` on every rank."""
+        if self.finished is not None:
+            return self.finished
+        waited = time.perf_counter()
+        if self._thread is not None:
+            self._thread.join()
+        what = f"checkpoint {self.final.name}"
+        try:
+            for fn in self._request.finalize_fns:  # gathers every rank's results (.metadata)
+                fn()
+        except (Exception, CheckpointException) as exc:
+            message = describe_write_failure(exc, self.final, what)
+            if _rank() == 0:
+                shutil.rmtree(self.partial, ignore_errors=True)
+                log.error("%s; removed %s", message, self.partial)
+            raise OutputWriteError(message) from None
+        _barrier()
+        _rank0_then_agree(self._publish_on_rank0, self.final, what)
+        _barrier()
+        written = sum(f.stat().st_size for f in self.final.glob(f"__{_rank()}_*.distcp"))
+        now = time.perf_counter()
+        writer = getattr(self._request.async_fn, "__self__", None)
+        peak = max(self._rss_at_start, getattr(writer, "peak_rss_bytes", 0), resident_bytes())
+        self.finished = SaveReport(str(self.final), self.blocking_s + now - waited,
+                                   now - self._started, written, self.checkpoint_bytes, peak)
+        return self.finished
+
+    def abandon(self) -> None:
+        """This rank only (the run is ending on an error): wait for the writes, remove the
+        partial directory (rank 0); the checkpoint never counts."""
+        if self._thread is not None:
+            self._thread.join()
         if _rank() == 0:
-            shutil.rmtree(partial, ignore_errors=True)
-            log.error("%s; removed %s", message, partial)
-        raise OutputWriteError(message) from None
-    _barrier()
+            shutil.rmtree(self.partial, ignore_errors=True)
+            log.warning("abandoned the unfinished checkpoint %s", self.partial)
 
-    def finish() -> None:
+    def _publish_on_rank0(self) -> None:
+        partial, final, meta = self.partial, self.final, self.meta
+        what = f"checkpoint {final.name}"
         try:
             body = {"format": FORMAT, **{k: jsonable(v) for k, v in meta.items()}}
             (partial / META_FILE).write_text(json.dumps(body, indent=2, sort_keys=True))
@@ -193,8 +279,39 @@ def atomic_save(state: Dict[str, Any], directory: str | Path, meta: Dict[str, An
             raise OutputWriteError(describe_write_failure(exc, final, what)) from None
         log.info("saved checkpoint %s (step %s)", final, meta.get("step"))
 
-    _rank0_then_agree(finish, final, what)
+
+def begin_save(state: Dict[str, Any], directory: str | Path, meta: Dict[str, Any],
+               spread_writes: bool = False, background: bool = True) -> PendingSave:
+    """Collective: check the space, plan the save with every rank (megatron-core's
+    ``dist_checkpointing.save(..., async_sharded_save=True)``, ``serialization.py``: the
+    sharded part comes back as an ``AsyncRequest``), write ``common.pt``, and start this rank's
+    shard writes, in a thread when ``background``. Finish it with :meth:`PendingSave.finish`."""
+    from megatron.core import dist_checkpointing
+
+    started = time.perf_counter()
+    final = Path(directory)
+    partial = final.with_name(final.name + ".partial")
+    what = f"checkpoint {final.name}"
+    expected = _state_nbytes(state)
+
+    def prepare() -> None:
+        shutil.rmtree(partial, ignore_errors=True)
+        check_free_space(partial.parent, expected, what)
+        partial.mkdir(parents=True)
+
+    _rank0_then_agree(prepare, final, what)
     _barrier()
+    try:
+        request = dist_checkpointing.save(state, str(partial),
+                                          sharded_strategy=save_strategy(spread_writes),
+                                          async_sharded_save=True)
+    except (Exception, CheckpointException) as exc:  # torch's CheckpointException is a BaseException
+        message = describe_write_failure(exc, final, what)
+        if _rank() == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            log.error("%s; removed %s", message, partial)
+        raise OutputWriteError(message) from None
+    return PendingSave(request, partial, final, meta, expected, started, background)
 
 
 def _publish(partial: Path, final: Path) -> None:

@@ -51,7 +51,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from gspo_megatron.learner.checkpoint_files import META_FILE, CheckpointError, require_complete
-from gspo_megatron.learner.checkpoint_write import FORMAT, atomic_save, jsonable
+from gspo_megatron.learner.checkpoint_write import FORMAT, atomic_save, begin_save, jsonable
 
 FAST_FORM, PORTABLE_FORM = "dp_sharded", "portable"
 OPTIMIZER_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable",
@@ -303,9 +303,11 @@ def optimizer_form(meta: Dict[str, Any]) -> str:
 
 def save_training_checkpoint(model_chunks, optimizer, scheduler, directory: str | Path,
                              meta: Dict[str, Any], extra: Optional[Dict[str, Any]] = None,
-                             form: str = FAST_FORM) -> None:
+                             form: str = FAST_FORM, background: bool = False):
     """Model, optimizer (``form``; see the module docstring), scheduler, RNG, step and trainer
-    ``extra`` (plain Python values)."""
+    ``extra`` (plain Python values). Returns the save's ``SaveReport``; with ``background``
+    the ``PendingSave`` whose ``finish()`` (collective) completes it, which must come before the
+    model or the optimizer change (``learner/checkpoint_write.py``)."""
     if form not in (FAST_FORM, PORTABLE_FORM):
         raise ValueError(f"unknown optimizer form {form!r}")
     if not _is_distributed(optimizer):
@@ -321,9 +323,10 @@ def save_training_checkpoint(model_chunks, optimizer, scheduler, directory: str 
     state["rng"] = _rng_object(layout_key(meta["parallel"]))
     state["step"] = int(meta.get("step", 0))
     state["extra"] = dict(extra or {})
-    atomic_save(state, directory, {**meta, "has_optimizer": True, "world_size": _world(),
-                                   "optimizer_form": form},
-                spread_writes=form == FAST_FORM)
+    pending = begin_save(state, directory, {**meta, "has_optimizer": True,
+                                            "world_size": _world(), "optimizer_form": form},
+                         spread_writes=form == FAST_FORM, background=background)
+    return pending if background else pending.finish()
 
 
 def fast_form_mismatch(meta: Dict[str, Any], parallel) -> Optional[str]:

@@ -383,13 +383,14 @@ class Learner:
 
     def save_checkpoint(self, directory, extra: Optional[dict] = None,
                         meta: Optional[dict] = None,
-                        form: str = checkpointing.FAST_FORM) -> None:
+                        form: str = checkpointing.FAST_FORM, background: bool = False):
         """Training checkpoint; ``extra`` goes into the checkpoint, ``meta`` into gspo_meta.json;
         ``form``: the optimizer's (``learner/checkpointing.py``: fast by default, portable for
-        a resume under another layout)."""
-        checkpointing.save_training_checkpoint(self.model, self.optimizer, self.scheduler,
-                                               directory, {**(meta or {}), **self._meta()}, extra,
-                                               form=form)
+        a resume under another layout); ``background``: the writes go on in a thread, and
+        the returned ``PendingSave`` must be finished before the next optimizer step."""
+        return checkpointing.save_training_checkpoint(
+            self.model, self.optimizer, self.scheduler, directory,
+            {**(meta or {}), **self._meta()}, extra, form=form, background=background)
 
     def load_checkpoint(self, directory, load_optimizer: bool = True) -> dict:
         """Restore a training checkpoint (a portable one under any layout, a fast one under its

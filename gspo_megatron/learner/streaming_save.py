@@ -31,21 +31,33 @@ from megatron.core.dist_checkpointing.strategies import torch as torch_strategy
 from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
 
+from gspo_megatron.distributed.host_heap import resident_bytes
 
-def _one_at_a_time(tensor_data: List[Tuple[object, torch.Tensor]]
+
+def _one_at_a_time(tensor_data: List[Tuple[object, torch.Tensor]], on_tensor=None
                    ) -> Iterator[Tuple[object, torch.Tensor]]:
-    """Each ``(item, tensor)`` as a host tensor that owns exactly its storage, made when asked."""
+    """Each ``(item, tensor)`` as a host tensor that owns exactly its storage, made when asked
+    (``on_tensor()`` is called while it exists: the writer's memory high-water mark)."""
     for item, tensor in tensor_data:
         tensor = tensor.detach()
         if tensor.device.type != "cpu":
             tensor = tensor.to("cpu")
         elif tensor.untyped_storage().nbytes() != tensor.numel() * tensor.itemsize:
             tensor = tensor.clone()  # torch.save writes a view's whole storage
+        if on_tensor is not None:
+            on_tensor()
         yield item, tensor
 
 
 class StreamingFileSystemWriter(filesystem_async.FileSystemWriterAsync):
-    """``FileSystemWriterAsync`` without up-front copies and without writer processes."""
+    """``FileSystemWriterAsync`` without up-front copies and without writer processes. It
+    keeps the highest resident set it saw while a tensor was in hand (:attr:`peak_rss_bytes`),
+    the save's host-memory metric."""
+
+    peak_rss_bytes = 0
+
+    def _note_rss(self) -> None:
+        self.peak_rss_bytes = max(self.peak_rss_bytes, resident_bytes())
 
     def prepare_write_data(self, plan: SavePlan, planner: SavePlanner) -> None:
         """The parent's file plan (same buckets, same file names), holding references."""
@@ -80,7 +92,8 @@ class StreamingFileSystemWriter(filesystem_async.FileSystemWriterAsync):
             out, pending = queue.Queue(), queue.Queue()
             pending.put(index)  # the per-file writer marks its task done on this queue
             filesystem_async.FileSystemWriterAsync.write_preloaded_data(
-                transforms, index, (path, key, (bytes_data, _one_at_a_time(tensor_data))), out,
+                transforms, index,
+                (path, key, (bytes_data, _one_at_a_time(tensor_data, self._note_rss))), out,
                 pending, True, use_msc=self.use_msc)
             _, written = out.get()
             if isinstance(written, Exception):

@@ -7,11 +7,14 @@ is the explicit override). The learner's per-GPU peak must fit ``gpu_memory_gb -
 with SGLang rollouts, the server's KV cache at ``mem_fraction_static`` must hold at least one
 sequence of ``data.max_prompt_tokens + rollout.max_new_tokens`` tokens; colocated, every phase of
 the shared GPU must fit (``colocated.py``). The error names the biggest terms and the planner's
-best layout on the same learner GPUs, as overrides.
+best layout on the same learner GPUs, as overrides. It also logs, without refusing, what the
+run would meet at a save or a preemption: a step and its save longer than the Slurm warning's
+lead (``launch.warning_lead_s``), ``checkpoint.keep_last`` + 1 checkpoints beyond the free space.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import List, Optional
 
@@ -20,6 +23,8 @@ from gspo_megatron.config.validate import ConfigError
 from gspo_megatron.planner.colocated import max_mem_fraction_static
 from gspo_megatron.planner.hardware import GB
 from gspo_megatron.planner.plan import Plan, hardware_from_config, plain_config, plan_config
+
+log = logging.getLogger(__name__)
 
 
 def fit_problems(plan: Plan, cfg) -> List[str]:
@@ -71,12 +76,36 @@ def suggestion(cfg, plan: Plan) -> Optional[Plan]:
     return best[0] if best and best[0].fits else None
 
 
+def checkpoint_warnings(plan: Plan, cfg) -> List[str]:
+    """What a run on this plan would meet at a save or a preemption: a warned step and its
+    save longer than ``launch.warning_lead_s`` allows, ``checkpoint.keep_last`` + 1
+    checkpoints larger than the free space (``planner/checkpoint_io.py``)."""
+    from gspo_megatron.planner.checkpoint_io import checkpoint_report
+
+    ckpt, budget, free, where = checkpoint_report(plan, cfg)
+    out = [budget.problem()] if budget.problem() else []
+    at_save = plan.learner.resident_bytes + ckpt.rank_save_extra_gpu_bytes
+    if at_save > plan.hardware.usable_bytes:
+        out.append(f"a checkpoint save holds ~{at_save / GB:.1f} GB per GPU (the resident state "
+                   f"and the precision-aware optimizer's state unscaled to fp32, "
+                   f"{ckpt.rank_save_extra_gpu_bytes / GB:.1f} GB), more than "
+                   f"{plan.hardware.usable_bytes / GB:.1f} GB: shard the optimizer over more GPUs")
+    if free is not None and ckpt.keep_bytes > free:
+        out.append(f"checkpoint.keep_last={cfg.checkpoint.keep_last}: {cfg.checkpoint.keep_last} "
+                   f"+ 1 checkpoints of ~{ckpt.checkpoint_bytes / GB:.0f} GB need "
+                   f"{ckpt.keep_bytes / GB:.0f} GB, {free / GB:.0f} GB are free at {where}")
+    return out
+
+
 def check_fit(cfg, world_size: Optional[int] = None) -> None:
-    """Raise :class:`ConfigError` when the layout is predicted not to fit (see module doc)."""
+    """Raise :class:`ConfigError` when the layout is predicted not to fit (see module doc);
+    log what it would meet at a save or a preemption (:func:`checkpoint_warnings`)."""
     if cfg.plan.gpu_memory_gb is None or not cfg.plan.check_fit:
         return
     cfg = plain_config(cfg)
     plan = plan_config(cfg, hardware_from_config(cfg), world_size)
+    for warning in checkpoint_warnings(plan, cfg):
+        log.warning("%s", warning)
     problems = fit_problems(plan, cfg)
     if not problems:
         return

@@ -15,10 +15,10 @@ RssShmem: heap, tensors, shared memory; not the libraries' file pages), the quan
     bucket of ``rollout.weight_sync.bucket_bytes`` that the broadcast transport sends
     (``weight_sync/buckets.py: Bucket.flatten``), capped at the bf16 model;
   - *checkpoint save* (when the run saves one: ``checkpoint.save_every_steps`` or
-    ``save_final``): the resident state plus the distributed optimizer's layout-independent
-    state, which Megatron-Core gathers into new fp32 host tensors for the save
-    (``distrib_optimizer.py: get_parameter_state_dp_zero``: main weight, exp_avg, exp_avg_sq of
-    every trained parameter of the stage, 12 bytes each).
+    ``save_final``): the resident state plus the one tensor the save has in hand
+    (``planner/checkpoint_io.py``: the fast form writes each rank's own optimizer shard, views
+    of its buffers; before issue 49 Megatron-Core gathered the layout-independent form, 12
+    bytes of every trained parameter of the stage, into new host tensors).
 
   Not the GPU estimate's *optimizer step*: on CPU the learner steps torch's fused Adam
   (``learner/optimizer.py: _fuse_cpu_adam``), which updates each tensor in place without
@@ -41,8 +41,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from gspo_megatron.planner.checkpoint_io import plan_checkpoint
 from gspo_megatron.planner.learner_memory import LearnerEstimate, Term
-from gspo_megatron.planner.model_shape import ModelShape
+from gspo_megatron.planner.model_shape import Layout, ModelShape
+from gspo_megatron.planner.precision import Precision
 from gspo_megatron.planner.rollout_memory import kv_bytes_per_token, rollout_server_weights
 
 GiB = 2 ** 30
@@ -90,19 +92,15 @@ class HostPlan:
         return self.total_bytes <= self.host_memory_bytes
 
 
-SAVE_GATHER_BYTES_PER_PARAM = 12
-"""fp32 main weight + exp_avg + exp_avg_sq of a trained parameter, gathered for a save."""
-
-
 def learner_process(est: LearnerEstimate, world_size: int, model_bf16_bytes: float,
-                    bucket_bytes: int, saves_checkpoints: bool = True) -> HostProcess:
-    """One learner rank's owned-memory peak on a CPU host (see the module doc)."""
+                    bucket_bytes: int, save_extra_bytes: Optional[float] = None) -> HostProcess:
+    """One learner rank's owned-memory peak on a CPU host (see the module doc);
+    ``save_extra_bytes``: what a save holds beyond the resident state (None: no saves)."""
     moments = {"training": est.moments.get("training", est.training_bytes),
                "building buffers": est.moments.get("building buffers", 0.0),
                "weight sync": est.resident_bytes + min(bucket_bytes, model_bf16_bytes)}
-    if saves_checkpoints:
-        moments["checkpoint save"] = est.resident_bytes + \
-            SAVE_GATHER_BYTES_PER_PARAM * est.trainable_params
+    if save_extra_bytes is not None:
+        moments["checkpoint save"] = est.resident_bytes + save_extra_bytes
     moment = max(moments, key=moments.get)
     if moment == "training":
         tensors = list(est.terms)
@@ -140,8 +138,13 @@ def estimate_host(cfg, shape: ModelShape, learner: LearnerEstimate, world_size: 
     if r.engine == "sglang" and not r.sglang.server_addresses:
         server = server_process(shape, r.sglang.num_servers, r.sglang.max_total_tokens,
                                 r.sglang.mem_fraction_static, host_memory_bytes, bucket)
-    saves = cfg.checkpoint.save_final or cfg.checkpoint.save_every_steps > 0
-    return HostPlan(learner_process(learner, world_size, model_bf16, bucket, saves), server,
+    save_extra = None
+    if cfg.checkpoint.save_final or cfg.checkpoint.save_every_steps > 0:
+        layout = Layout.from_parallel_config(cfg.parallel, world_size)
+        save_extra = plan_checkpoint(shape, layout, Precision.from_config(cfg, on_gpu=False), 1,
+                                     cfg.plan.checkpoint_write_gbps, cfg.checkpoint.keep_last,
+                                     on_gpu=False).rank_save_extra_bytes
+    return HostPlan(learner_process(learner, world_size, model_bf16, bucket, save_extra), server,
                     host_memory_bytes)
 
 

@@ -129,6 +129,9 @@ class AsyncRollouts:
                                f"never synced (known: {sorted(self._version_step)})")
         return self._trained - self._version_step[version]
 
+    def start(self, step: int) -> None:
+        """Nothing to start: the generator runs all the time."""
+
     def wait_idle(self) -> None:
         """Nothing to wait for: evaluation and probes share the servers with the generator."""
 

@@ -95,6 +95,8 @@ class TrainerParts:
         caller's). Without it, each in-process run would keep its model and gloo groups."""
         if self.logger is not None:
             self.logger.close()
+        if self.checkpoints is not None:  # its writer thread reads the learner's tensors
+            self.checkpoints.close()
         for learner in (self.learner, self.reference):
             if learner is not None:
                 learner.close()

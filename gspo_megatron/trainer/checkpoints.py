@@ -18,18 +18,23 @@ same step.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch.distributed as dist
 
 from gspo_megatron.config.validate import ConfigError
-from gspo_megatron.learner.checkpoint_files import (CheckpointError, checkpoint_root,
-                                                    list_step_dirs, scan_steps, step_dir)
+from gspo_megatron.learner.checkpoint_files import (DISCARDED_SUFFIX, CheckpointError,
+                                                    checkpoint_root, list_step_dirs, scan_steps,
+                                                    step_dir)
+from gspo_megatron.learner.checkpoint_write import SaveReport
 from gspo_megatron.config.freeze import frozen_set
 from gspo_megatron.learner.checkpointing import conversion_hint, fast_form_mismatch, read_meta
 from gspo_megatron.learner.freeze import check_same_frozen_groups
@@ -141,7 +146,17 @@ def _supersede(root: Path) -> None:
 
 
 class RunCheckpoints:
-    """Resuming, saving and rotation for one run (every rank holds one)."""
+    """Resuming, saving and rotation for one run (every rank holds one).
+
+    A save may be left writing in the background (``background=True``: megatron-core's
+    sharded part written by a thread, ``learner/checkpoint_write.py``) while the loop waits for
+    the next rollout; :meth:`finish_pending` completes it (collective) and must come before
+    anything changes the weights. One save at a time: a new one finishes the pending one
+    first. Rotation renames the retired steps at once and deletes them in a thread of the main
+    rank, so a 400 GB ``rmtree`` never holds a step. Every finished save is a line of
+    ``<run dir>/checkpoints.jsonl`` (main rank) and a :class:`SaveReport` in :attr:`reports`
+    until the loop logs it.
+    """
 
     def __init__(self, cfg, learner, sampler, is_main: bool, data: Dict[str, Any],
                  resume_from: Optional[Path]) -> None:
@@ -153,6 +168,12 @@ class RunCheckpoints:
         self.data = data
         self.resume_from = resume_from
         """Chosen by :func:`plan_resume` before the learner was built; None: a fresh start."""
+        self.record_path = Path(cfg.logging.run_dir) / "checkpoints.jsonl"
+        self.pending: Optional[Tuple[int, Any]] = None
+        """``(step, PendingSave)`` of a save still being written."""
+        self.reports: List[Tuple[int, SaveReport]] = []
+        """Finished saves the loop has not logged yet."""
+        self._deleter: Optional[threading.Thread] = None
 
     def resume(self) -> Optional[ResumeState]:
         """Load the planned checkpoint (collective); None on a fresh start."""
@@ -171,30 +192,86 @@ class RunCheckpoints:
 
     # ---- during the run ------------------------------------------------------------------
     def save(self, step: int, extra: Optional[Dict[str, Any]] = None,
-             sampler_state: Optional[Dict[str, Any]] = None) -> Path:
+             sampler_state: Optional[Dict[str, Any]] = None, background: bool = False) -> Path:
         """Checkpoint ``step`` (collective), then rotate old ones on rank 0. ``extra``: the
         loop's own plain values (the in-flight rollout of a one-step off-policy run);
         ``sampler_state``: the data position to save instead of the live one (a step that was
-        dropped had drawn its prompts already)."""
+        dropped had drawn its prompts already); ``background``: leave the writes to a thread
+        and return (:meth:`finish_pending` completes the checkpoint)."""
+        self.finish_pending()
         path = step_dir(self.root, step)
         sampler_state = sampler_state if sampler_state is not None else self.sampler.state_dict()
-        self.learner.save_checkpoint(path, extra={**(extra or {}), "trainer_step": step,
-                                                  "sampler": sampler_state},
-                                     meta={"data": self.data})
-        if self.is_main:
-            self.rotate()
-            log.info("saved checkpoint %s", path)
+        result = self.learner.save_checkpoint(path, extra={**(extra or {}), "trainer_step": step,
+                                                           "sampler": sampler_state},
+                                              meta={"data": self.data}, background=background)
+        if background:
+            self.pending = (step, result)
+        else:
+            self._saved(step, result)
         return path
 
+    def finish_pending(self) -> Optional[SaveReport]:
+        """Collective: complete the save being written in the background (None when none is)."""
+        if self.pending is None:
+            return None
+        (step, pending), self.pending = self.pending, None
+        report = pending.finish()
+        self._saved(step, report)
+        return report
+
+    def _saved(self, step: int, report: SaveReport) -> None:
+        self.reports.append((step, report))
+        if self.is_main:
+            record = {"step": step, "time": time.time(), **asdict(report)}
+            try:
+                with open(self.record_path, "a") as f:
+                    f.write(json.dumps(record) + "\n")
+            except OSError as exc:  # a record of the save, never worth failing the run
+                log.warning("cannot write %s: %s", self.record_path, exc)
+            self.rotate()
+            log.info("saved checkpoint %s (%.1fs, %.1fs of it blocking)", report.directory,
+                     report.total_s, report.blocking_s)
+
     def rotate(self) -> None:
-        """Keep the newest ``keep_last`` complete steps; drop damaged ones older than those."""
+        """Keep the newest ``keep_last`` complete steps; drop damaged ones older than those.
+        A dropped step is renamed at once and deleted by a thread (one at a time)."""
         scan = scan_steps(self.root)
         if scan.newest is None:
             return
         keep = scan.complete[-max(self.cfg.keep_last, 1):]
-        for step, d in scan.complete[:-len(keep)]:
-            shutil.rmtree(d, ignore_errors=True)
+        retired = [d for _, d in scan.complete[:-len(keep)]]
         for step, d, reason in scan.damaged:
             if step < scan.newest[0]:
                 log.warning("removing damaged checkpoint %s (%s)", d, reason)
-                shutil.rmtree(d, ignore_errors=True)
+                retired.append(d)
+        if not retired:
+            return
+        gone = []
+        for d in retired:
+            aside = d.with_name(d.name + DISCARDED_SUFFIX)
+            os.replace(d, aside)
+            gone.append(aside)
+        self.wait_for_deletes()
+        self._deleter = threading.Thread(target=_delete, args=(gone,), daemon=True,
+                                         name="checkpoint-rotation")
+        self._deleter.start()
+
+    def wait_for_deletes(self) -> None:
+        """Until the rotation's deletes are done (before the next ones, and at the run's end)."""
+        if self._deleter is not None:
+            self._deleter.join()
+            self._deleter = None
+
+    def close(self) -> None:
+        """The run ends (a finished run has nothing pending). A save still pending here is one
+        an error cut short: its writes are waited for and its partial directory removed, since
+        the other ranks may be gone; the rotation's deletes are waited for."""
+        if self.pending is not None:
+            (_, pending), self.pending = self.pending, None
+            pending.abandon()
+        self.wait_for_deletes()
+
+
+def _delete(paths: List[Path]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)

@@ -201,13 +201,14 @@ class PreemptionFlag:
         finally:
             self._abandonable = False
 
-    def progress(self, run_dir: Path, trained_step: int,
-                 checkpoint: Optional[Path] = None) -> None:
-        """Main rank: record the trained step (and a new checkpoint) in ``run_dir``'s
-        :data:`PROGRESS_FILE`, which the batch shell quotes when it requeues."""
+    def progress(self, run_dir: Path, trained_step: int, checkpoint: Optional[Path] = None,
+                 checkpoint_step: Optional[int] = None) -> None:
+        """Main rank: record the trained step (and a new checkpoint, of ``checkpoint_step``,
+        default the trained one) in ``run_dir``'s :data:`PROGRESS_FILE`, which the batch shell
+        quotes when it requeues."""
         self.trained_step = trained_step
         if checkpoint is not None:
-            self.checkpoint_step = trained_step
+            self.checkpoint_step = trained_step if checkpoint_step is None else checkpoint_step
             self._checkpoint_path = str(checkpoint)
         lines = [f"trained_step={trained_step}"]
         if self.checkpoint_step is not None:

@@ -155,6 +155,15 @@ class RolloutPipeline:
         if self.is_main and self.overlap:
             self._job = _Background(lambda: self.produce(step), name=f"rollout-{step}")
 
+    def start(self, step: int) -> None:
+        """Main rank: begin producing the submitted ``step`` in the background now, if it is
+        not already (on-policy it is otherwise produced inside :meth:`take`), so that the
+        caller can do collective work meanwhile (finish a checkpoint written in the
+        background)."""
+        if (self.is_main and self._step == step and self._job is None and self._ready is None
+                and self._restored is None):
+            self._job = _Background(lambda: self.produce(step), name=f"rollout-{step}")
+
     def wait_idle(self) -> None:
         """Let the in-flight generation finish (the engine is free after), keeping its result;
         at most ``wait_timeout_s`` (RolloutTimeout after it, naming the rollout and the deadline)."""
