@@ -401,15 +401,15 @@ def test_a_learner_past_its_deadline_is_stopped_and_the_requeue_says_what_is_red
     GSPO_HARD_STOP_GRACE_S after it, and the job is requeued with the steps the rerun redoes,
     not as a checkpointed one."""
     run_dir = tmp_path / "run"
-    num_steps = 250
+    num_steps = 300
     job = slurm1.sbatch(
         f"--output={tmp_path}/job.out", "slurm/tiny_cpu.sh", f"trainer.num_steps={num_steps}",
         "rollout.engine=embedded", "rollout.weight_sync.transport=auto",
-        GSPO_RUN_DIR=str(run_dir), FAKE_STEP_S="0.1", FAKE_IGNORE_WARNING="1", GSPO_REQUEUE_LEAD_S="30",
+        GSPO_RUN_DIR=str(run_dir), FAKE_STEP_S="0.05", FAKE_IGNORE_WARNING="1", GSPO_REQUEUE_LEAD_S="30",
         GSPO_HARD_STOP_GRACE_S="2", **standins)
     events_path = run_dir / "trainer_events.jsonl"
     _wait_for_steps(events_path, 1)
-    moved = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 42))
+    moved = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 37))
     assert slurm1.run("scontrol", "update", f"JobId={job}", f"EndTime={moved}").returncode == 0
     end = int(slurm1.run("squeue", "-h", "-j", job, "-o", "%e", SLURM_TIME_FORMAT="%s").stdout)
     assert slurm1.run("scancel", "--signal=USR1", "--batch", job).returncode == 0

@@ -126,19 +126,19 @@ def test_learner_on_node1_and_the_real_sglang_server_on_node2(cluster2, tiny_ass
 
 
 def test_real_trainer_preempted_by_slurm_resumes_to_the_full_step_count(cluster1, tiny_assets, tmp_path):
-    """Issue 49's reproduction: a user reward that sleeps makes a step take ~3 s, several times
+    """Issue 49's reproduction: a user reward that sleeps makes a step take ~2.5 s, more than twice
     the batch shell's repeat interval (GSPO_USR1_REPEAT_S=1), and SIGUSR1 comes to the batch shell
     (as at --signal=B:USR1@T) after step 2. The repeats reach the learner during its step and
     change nothing: the step in progress is finished and checkpointed (exit 124), the job
     requeues and resumes from that checkpoint, and every step is trained once."""
     run_dir = tmp_path / "run"
-    num_steps = 6
+    num_steps = 5
     overrides = [o for o in small_run_overrides(tiny_assets) if not o.startswith("trainer.num_steps")]
     job = cluster1.sbatch(f"--output={tmp_path}/job.out", "slurm/tiny_cpu.sh", f"trainer.num_steps={num_steps}",
                           *overrides, "rollout.engine=embedded", "rollout.weight_sync.transport=auto",
                           "reward.name=tests.paced_reward:tiny_addition",
                           GSPO_RUN_DIR=str(run_dir), GSPO_HF_DIR=str(tiny_assets / "model"),
-                          GSPO_TEST_REWARD_SLEEP_S="0.4", GSPO_USR1_REPEAT_S="1")
+                          GSPO_TEST_REWARD_SLEEP_S="0.3", GSPO_USR1_REPEAT_S="1")
     metrics = run_dir / "metrics.jsonl"
 
     def trained_steps() -> List[int]:
@@ -159,7 +159,7 @@ def test_real_trainer_preempted_by_slurm_resumes_to_the_full_step_count(cluster1
     assert warned_in >= 3 and "the checkpoint asked for by SIGUSR1 stands" in first  # repeats: no effect
     assert "received SIGUSR1: will checkpoint after the current step" in first
     batch = (run_dir / "logs" / job / "batch.log").read_text()
-    assert batch.count("learner still running after SIGUSR1; sending it again") >= 2
+    assert batch.count("learner still running after SIGUSR1; sending it again") >= 1
     assert (f"learner checkpointed; the resumed run starts from the checkpoint of step {warned_in} and "
             "redoes 0 step(s)") in batch
     resumed = (run_dir / "logs" / job / "learner.r1.log").read_text()

@@ -135,7 +135,25 @@ def _state_nbytes(state: Dict[str, Any]) -> int:
     return local
 
 
-def save_strategy(spread_writes: bool):
+class SaveCache:
+    """What repeated saves of one state's structure keep (one per learner and optimizer form):
+    the save strategy, which then reuses its save plan (megatron-core's ``cached_metadata``,
+    ``strategies/torch.py``, checked against each new local plan) and its spread of the writes
+    (``do_cache_distribution``), and whether the structure's sharding was validated (the first
+    save validates it, ``validate_access_integrity``). These exchanges over every rank are most
+    of the time a save holds the step for."""
+
+    def __init__(self) -> None:
+        self.strategies: Dict[bool, Any] = {}
+        self.validated = False
+
+    def strategy(self, spread_writes: bool):
+        if spread_writes not in self.strategies:
+            self.strategies[spread_writes] = save_strategy(spread_writes, cached=True)
+        return self.strategies[spread_writes]
+
+
+def save_strategy(spread_writes: bool, cached: bool = False):
     """The in-process streaming writer (``learner/streaming_save.py``); with ``spread_writes``
     wrapped in megatron-core's ``FullyParallelSaveStrategyWrapper`` over the whole world
     (``strategies/fully_parallel.py``): each tensor that several ranks hold (data-parallel
@@ -143,13 +161,14 @@ def save_strategy(spread_writes: bool):
     as much, instead of always by the first replica."""
     from gspo_megatron.learner.streaming_save import StreamingSaveStrategy
 
-    strategy = StreamingSaveStrategy()
+    strategy = StreamingSaveStrategy(cached_metadata=cached)
     if not spread_writes or _world() == 1:
         return strategy
     from megatron.core.dist_checkpointing.strategies.fully_parallel import (
         FullyParallelSaveStrategyWrapper)
 
-    return FullyParallelSaveStrategyWrapper(strategy, dist.group.WORLD)
+    return FullyParallelSaveStrategyWrapper(strategy, dist.group.WORLD,
+                                            do_cache_distribution=cached)
 
 
 def atomic_save(state: Dict[str, Any], directory: str | Path, meta: Dict[str, Any],
@@ -281,11 +300,13 @@ class PendingSave:
 
 
 def begin_save(state: Dict[str, Any], directory: str | Path, meta: Dict[str, Any],
-               spread_writes: bool = False, background: bool = True) -> PendingSave:
+               spread_writes: bool = False, background: bool = True,
+               cache: Optional[SaveCache] = None) -> PendingSave:
     """Collective: check the space, plan the save with every rank (megatron-core's
     ``dist_checkpointing.save(..., async_sharded_save=True)``, ``serialization.py``: the
     sharded part comes back as an ``AsyncRequest``), write ``common.pt``, and start this rank's
-    shard writes, in a thread when ``background``. Finish it with :meth:`PendingSave.finish`."""
+    shard writes, in a thread when ``background``. Finish it with :meth:`PendingSave.finish`.
+    ``cache``: what earlier saves of the same structure planned (:class:`SaveCache`)."""
     from megatron.core import dist_checkpointing
 
     started = time.perf_counter()
@@ -302,9 +323,12 @@ def begin_save(state: Dict[str, Any], directory: str | Path, meta: Dict[str, Any
     _rank0_then_agree(prepare, final, what)
     _barrier()
     try:
-        request = dist_checkpointing.save(state, str(partial),
-                                          sharded_strategy=save_strategy(spread_writes),
-                                          async_sharded_save=True)
+        strategy = cache.strategy(spread_writes) if cache else save_strategy(spread_writes)
+        request = dist_checkpointing.save(
+            state, str(partial), sharded_strategy=strategy, async_sharded_save=True,
+            validate_access_integrity=not (cache and cache.validated))
+        if cache is not None:
+            cache.validated = True
     except (Exception, CheckpointException) as exc:  # torch's CheckpointException is a BaseException
         message = describe_write_failure(exc, final, what)
         if _rank() == 0:

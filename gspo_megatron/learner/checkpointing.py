@@ -51,7 +51,8 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from gspo_megatron.learner.checkpoint_files import META_FILE, CheckpointError, require_complete
-from gspo_megatron.learner.checkpoint_write import FORMAT, atomic_save, begin_save, jsonable
+from gspo_megatron.learner.checkpoint_write import (FORMAT, SaveCache, atomic_save, begin_save,
+                                                   jsonable)
 
 FAST_FORM, PORTABLE_FORM = "dp_sharded", "portable"
 OPTIMIZER_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable",
@@ -303,11 +304,13 @@ def optimizer_form(meta: Dict[str, Any]) -> str:
 
 def save_training_checkpoint(model_chunks, optimizer, scheduler, directory: str | Path,
                              meta: Dict[str, Any], extra: Optional[Dict[str, Any]] = None,
-                             form: str = FAST_FORM, background: bool = False):
+                             form: str = FAST_FORM, background: bool = False,
+                             caches: Optional[Dict[str, SaveCache]] = None):
     """Model, optimizer (``form``; see the module docstring), scheduler, RNG, step and trainer
     ``extra`` (plain Python values). Returns the save's ``SaveReport``; with ``background``
     the ``PendingSave`` whose ``finish()`` (collective) completes it, which must come before the
-    model or the optimizer change (``learner/checkpoint_write.py``)."""
+    model or the optimizer change (``learner/checkpoint_write.py``). ``caches``: one
+    ``SaveCache`` per form, kept by the caller across saves."""
     if form not in (FAST_FORM, PORTABLE_FORM):
         raise ValueError(f"unknown optimizer form {form!r}")
     if not _is_distributed(optimizer):
@@ -323,9 +326,10 @@ def save_training_checkpoint(model_chunks, optimizer, scheduler, directory: str 
     state["rng"] = _rng_object(layout_key(meta["parallel"]))
     state["step"] = int(meta.get("step", 0))
     state["extra"] = dict(extra or {})
+    cache = caches.setdefault(form, SaveCache()) if caches is not None else None
     pending = begin_save(state, directory, {**meta, "has_optimizer": True,
                                             "world_size": _world(), "optimizer_form": form},
-                         spread_writes=form == FAST_FORM, background=background)
+                         spread_writes=form == FAST_FORM, background=background, cache=cache)
     return pending if background else pending.finish()
 
 

@@ -124,6 +124,8 @@ class Learner:
         self.step = 0
         self.consecutive_nonfinite = 0
         self.num_nonfinite_skipped = 0
+        self._save_caches: dict = {}
+        """Per optimizer form, what repeated saves reuse (``checkpoint_write.SaveCache``)."""
         self._trim_heap()  # the weights DDP copied into its buffers were freed just now
 
     def _trim_heap(self) -> None:
@@ -390,7 +392,8 @@ class Learner:
         the returned ``PendingSave`` must be finished before the next optimizer step."""
         return checkpointing.save_training_checkpoint(
             self.model, self.optimizer, self.scheduler, directory,
-            {**(meta or {}), **self._meta()}, extra, form=form, background=background)
+            {**(meta or {}), **self._meta()}, extra, form=form, background=background,
+            caches=self._save_caches)
 
     def load_checkpoint(self, directory, load_optimizer: bool = True) -> dict:
         """Restore a training checkpoint (a portable one under any layout, a fast one under its
@@ -417,6 +420,7 @@ class Learner:
         """End this learner's run: its model, optimizer and the process groups they hold can
         then be freed (``learner/release.py``: Megatron keeps them alive otherwise). Safe to
         call twice; nothing trains or computes with this learner after it."""
+        self._save_caches = {}  # their strategies hold process groups and cached plans
         release_model(self.model, self.optimizer)
 
 

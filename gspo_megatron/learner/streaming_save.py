@@ -107,8 +107,8 @@ class StreamingSaveStrategy(torch_strategy.TorchDistSaveShardedStrategy):
     """Megatron's ``torch_dist`` save strategy (same format), writing through
     :class:`StreamingFileSystemWriter`."""
 
-    def __init__(self) -> None:
-        super().__init__("torch_dist", 1)
+    def __init__(self, cached_metadata: bool = False) -> None:
+        super().__init__("torch_dist", 1, cached_metadata=cached_metadata)
 
     def async_save(self, sharded_state_dict, checkpoint_dir):
         # The parent builds its writer from this module-level name; swap it for this call only.

@@ -248,9 +248,11 @@ def metrics_steps(run_dir: Path) -> List[int]:
 
 
 def comparable_metrics(run_dir: Path) -> List[dict]:
-    """Metrics without timings and peak memory (which differ between any two runs)."""
+    """Metrics without timings, peak memory and the saves' numbers (which differ between any two
+    runs: a resumed run did not make the save of its checkpoint)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/")) and "per_s" not in k
+    return [{k: v for k, v in r.items()
+             if not k.startswith(("time/", "memory/", "checkpoint/")) and "per_s" not in k
              and not k.endswith("_s")} for r in rows]
 
 
