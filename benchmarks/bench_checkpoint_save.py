@@ -5,7 +5,7 @@ each rank's extra owned memory, its writes, and the time a step is held, per opt
 The model is ``configs/qwen3_30b_a3b_1layer_cpu.yaml``'s (1 layer of the hub's widths, bf16
 weights, fp32 Adam, the embedding and output layer frozen), randomly initialised, with
 ``--experts`` of its 128 experts. Each rank takes one optimizer step (so Adam's state exists),
-then, in this order:
+then saves that state, in this order:
 
 * ``fast``: the fast form in the foreground (``learner/checkpointing.py``: every rank writes its
   own optimizer shard, views of its buffers);
@@ -16,11 +16,12 @@ then, in this order:
 * ``portable`` (``--portable``): the layout-independent form every save wrote before issue 49
   (megatron-core gathers the data-parallel group's main weights and moments on every rank);
 
-and loads each back. A sampler thread in each rank reads its own ``RssAnon + RssShmem`` every
+and loads each back (after step 2, see below). A sampler thread in each rank reads its own ``RssAnon + RssShmem`` every
 50 ms (``benchmarks/owned_memory.py``); ``extra`` is its peak during the save (or load) less its
 value just before. ``own shard`` is the optimizer state the rank holds (its fp32 main weights and
 moments), the issue's yardstick (goal: extra <= 1.25x own shard; held <= 10% of the foreground
-save). ``--doc`` replaces the marked section of that file with the command, the conditions and
+save). Then step 2 is taken unbroken, and again after loading each checkpoint: its loss and
+every weight's bytes must equal the unbroken step's. ``--doc`` replaces the marked section of that file with the command, the conditions and
 the table.
 
     python benchmarks/bench_checkpoint_save.py --experts 32 --portable --work /tmp/bcs \\
@@ -99,6 +100,19 @@ def _measured(fn):
     return out, sampler.peak_bytes - base, seconds
 
 
+def _weights_digest(learner) -> str:
+    """sha256 of every weight's bytes on this rank (equal only when bit for bit equal)."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256()
+    for chunk in learner.model:
+        for param in chunk.parameters():
+            digest.update(param.detach().contiguous().view(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
 def rank_main(args) -> None:
     import torch.distributed as dist
 
@@ -112,9 +126,10 @@ def rank_main(args) -> None:
     runtime = init_distributed(cfg.parallel, seed=1)
     rank = runtime.rank
     learner = Learner(cfg, runtime, total_steps=10)
+    loss = get_policy_loss("gspo")
     batch = _batch(cfg.model.vocab_size)
     batch.old_logprobs = learner.compute_logprobs(batch).logprobs
-    learner.train_step(batch, get_policy_loss("gspo"))
+    learner.train_step(batch, loss)  # step 1: the state every form saves
     out: Dict[str, object] = {"rank": rank, "own_shard_bytes": _own_shard_bytes(learner)}
     forms = [("fast", "dp_sharded", False), ("fast, async", "dp_sharded", True)]
     if args.portable:
@@ -142,13 +157,19 @@ def rank_main(args) -> None:
         result, extra, _ = _measured(save)
         if name == "fast":
             foreground_s = result["total_s"]
+        out[name] = {**result, "save_extra_bytes": extra}
+    # Step 2 unbroken, then from each checkpoint: the same loss and weights, bit for bit.
+    unbroken = learner.train_step(batch, loss)["loss"], _weights_digest(learner)
+    for name, form, background in forms:
+        directory = Path(args.work) / f"ckpt_{form}_{int(background)}"
         dist.barrier()
         _, load_extra, load_s = _measured(lambda: learner.load_checkpoint(directory))
+        resumed = learner.train_step(batch, loss)["loss"], _weights_digest(learner)
+        out[name].update(load_extra_bytes=load_extra, load_s=load_s,
+                         resumed_exact=resumed == unbroken)
         dist.barrier()
         if rank == 0:
             shutil.rmtree(directory, ignore_errors=True)
-        out[name] = {**result, "save_extra_bytes": extra, "load_extra_bytes": load_extra,
-                     "load_s": load_s}
     Path(args.work, f"rank{rank}.json").write_text(json.dumps(out))
     learner.close()
     shutdown_distributed()
@@ -167,8 +188,8 @@ def _conditions() -> str:
 
 def table(ranks: List[dict]) -> List[str]:
     rows = ["| form | rank | own shard | save: extra (x shard) | written | step held "
-            "(x foreground save) | save total | load: extra | load |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "(x foreground save) | save total | load: extra | load | step 2 after the load |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(ranks, key=lambda x: x["rank"]):
         foreground = r["fast"]["total_s"]
         for name in ("fast", "fast, async", "portable"):
@@ -180,7 +201,8 @@ def table(ranks: List[dict]) -> List[str]:
                 f"{m['save_extra_bytes'] / GIB:.2f} GiB ({m['save_extra_bytes'] / shard:.2f}x) | "
                 f"{m['bytes'] / GIB:.2f} GiB | {m['held_s']:.1f} s "
                 f"({m['held_s'] / foreground:.2f}x) | {m['total_s']:.1f} s | "
-                f"{m['load_extra_bytes'] / GIB:.2f} GiB | {m['load_s']:.1f} s |")
+                f"{m['load_extra_bytes'] / GIB:.2f} GiB | {m['load_s']:.1f} s | "
+                f"{'= unbroken' if m['resumed_exact'] else 'DIFFERS'} |")
     return rows
 
 

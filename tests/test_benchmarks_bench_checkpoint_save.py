@@ -20,18 +20,19 @@ GIB = 2**30
 
 def _rank(rank: int) -> dict:
     one = {"held_s": 10.0, "total_s": 10.0, "bytes": 2 * GIB, "save_extra_bytes": GIB // 10,
-           "load_extra_bytes": GIB // 2, "load_s": 3.0}
+           "load_extra_bytes": GIB // 2, "load_s": 3.0, "resumed_exact": True}
     return {"rank": rank, "own_shard_bytes": GIB, "fast": one,
             "fast, async": {**one, "held_s": 0.5, "total_s": 10.5},
-            "portable": {**one, "save_extra_bytes": 4 * GIB}}
+            "portable": {**one, "save_extra_bytes": 4 * GIB, "resumed_exact": False}}
 
 
 def test_the_table_relates_each_save_to_the_shard_and_the_foreground_save(tmp_path):
     rows = bench.table([_rank(1), _rank(0)])
     assert rows[2] == ("| fast | 0 | 1.00 GiB | 0.10 GiB (0.10x) | 2.00 GiB | 10.0 s (1.00x) | "
-                       "10.0 s | 0.50 GiB | 3.0 s |")
+                       "10.0 s | 0.50 GiB | 3.0 s | = unbroken |")
     assert "| fast, async | 0 |" in rows[3] and "0.5 s (0.05x)" in rows[3]
-    assert "4.00 GiB (4.00x)" in rows[4] and rows[5].startswith("| fast | 1 |")
+    assert "4.00 GiB (4.00x)" in rows[4] and rows[4].endswith("| DIFFERS |")
+    assert rows[5].startswith("| fast | 1 |")
     doc = tmp_path / "doc.md"
     begin, end = bench.markers(8)
     doc.write_text(f"a\n{begin}\nold\n{end}\nb\n")
@@ -55,3 +56,4 @@ def test_the_recorded_measurements_meet_the_goals(experts):
         held = float(re.search(r"s \((\d+\.\d+)x\) \|", row).group(1))
         assert extra <= 1.25, row
         assert held <= (1.0 if row.startswith("| fast |") else 0.10), row
+        assert row.endswith("| = unbroken |"), row  # step 2 after the load: bit for bit

@@ -66,3 +66,19 @@ def test_a_malformed_value_fails_at_import_naming_the_variable():
     out = _run("sync-4")
     assert out.returncode == 1
     assert "GSPO_TEST_KILL_AT='sync-4': expected <point>:<step>" in out.stderr
+
+
+def test_a_point_of_an_earlier_step_fires_when_reached_in_the_next():
+    """A checkpoint written in the background is finished during the next step: the hook names
+    the step the checkpoint holds, not the loop's current one."""
+    script = ("from gspo_megatron.faults import kill_points as k\n"
+              "k.enter_step(5)\n"
+              "print('own step', k.armed('checkpoint'), 'step 4', k.armed('checkpoint', 4),"
+              " flush=True)\n"
+              "k.kill('checkpoint', 'step_000004.partial', 4)\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO), **{kill_points.ENV_VAR: "checkpoint:4"})
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    assert "own step False step 4 True" in out.stdout
+    assert "GSPO_TEST_KILL_AT checkpoint:4: SIGKILL (step_000004.partial)" in out.stderr

@@ -7,8 +7,8 @@ every weight after one optimizer step; then it resumes from a full training chec
 under a *different* layout in the portable optimizer form (reference -> TP2 / EP2 / CP2, TP2 -> PP2)
 or in the fast form under another data-parallel size (reference -> DP2; the fast form under
 another TP is refused), and checks the next step's loss and the weights after it. A 4-process run does the same for CP=2 combined with
-TP=2+SP, PP=2 and EP=2 (EP2 from the fast form converted by ``gspo-reshard
---portable-optimizer``). The reference also checks that dynamic micro-batching by tokens gives the
+TP=2+SP, PP=2 and EP=2, and TP=2 x EP=2 resumes from the fast form converted by ``gspo-reshard
+--portable-optimizer``. The reference also checks that dynamic micro-batching by tokens gives the
 gradients of one large micro-batch, and the non-finite guard. The forward-only
 ``LogprobLearner`` gives the Learner's log-probs exactly at TP2 x EP2, and refuses to train.
 What a micro-batch hands the loss (``PolicyLossInputs``, token lags included) is checked alone.
@@ -32,10 +32,11 @@ LAYOUTS = {"tp2_sp": dict(tp=2, sp=True), "pp2": dict(pp=2), "ep2": dict(ep=2),
 # dp2 resumes it with DP 1 -> 2, tp2_sp is refused it; "ref_converted" is "ref_fast" rewritten
 # in the portable form by gspo-reshard --portable-optimizer.
 RESUME_FROM = {"tp2_sp": "ref", "pp2": "tp2_sp", "ep2": "ref", "cp2": "ref", "dp2": "ref_fast"}
-# Context parallelism combined with the other layouts, on 4 processes.
+# Context parallelism combined with the other layouts, on 4 processes (and TP2 x EP2).
 CP_COMBOS = {"cp2_tp2_sp": dict(cp=2, tp=2, sp=True), "cp2_pp2": dict(cp=2, pp=2),
-             "cp2_ep2": dict(cp=2, ep=2)}
-CP_COMBOS_RESUME_FROM = {"cp2_tp2_sp": "ref", "cp2_pp2": "cp2_tp2_sp", "cp2_ep2": "ref_converted"}
+             "cp2_ep2": dict(cp=2, ep=2), "tp2_ep2_sp": dict(tp=2, ep=2, sp=True)}
+CP_COMBOS_RESUME_FROM = {"cp2_tp2_sp": "ref", "cp2_pp2": "cp2_tp2_sp", "cp2_ep2": "ref",
+                         "tp2_ep2_sp": "ref_converted"}
 LP_ATOL, LOSS_RTOL, WEIGHT_ATOL = 2e-5, 1e-4, 2e-6
 # Every layout, TP2 included: replicated experts reduce over the expert-DP group
 # (model/provider.py: mark_expert_params), so their optimizer state is exact on every rank.

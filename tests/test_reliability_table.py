@@ -65,8 +65,8 @@ AHEAD = {"test_every_committed_row_is_what_the_code_answers_today": Command(
      "--out", "{dir}/faults.md"], foreground_priority=True)}
 """The faults (the trainer as subprocesses, two at a time, ~170 CPU-seconds), run by the tool in
 the background while the tests before this one run (``tests/ahead.py``); at the foreground's
-priority: a fault signals a trainer 0.5 s after its launch, expecting its handlers installed
-(at nice 19 a busy machine left it still starting: exit -10)."""
+priority, so that their timings resemble the committed table's (the start-up fault no longer
+depends on it: it waits for the trainer's handler in ``/proc``, see ``sigusr1_at_start``)."""
 
 
 @pytest.mark.slow

@@ -254,6 +254,27 @@ def test_a_slow_group_at_its_last_chance_is_waited_for_not_dropped():
         gen.close()
 
 
+def test_groups_of_a_dropped_step_are_put_back_first_in_line():
+    """A step dropped for the job's deadline after its take (trainer/preemption.py): its
+    groups go back to the buffer, ahead of the others, and a snapshot (the checkpoint) holds
+    them, so the resumed run trains them and nothing is lost."""
+    engine = ScriptedEngine()
+    gen = make(engine, k=2, per_step=2, in_flight=2)
+    lag_of = lambda v: 0  # noqa: E731
+    try:
+        gen.synced(0)
+        gen.start()
+        taken, _ = gen.take(lag_of)
+        indices = [g.index for g in taken]
+        assert not {g["index"] for g in gen.snapshot()["buffer"]} & set(indices)
+        gen.put_back(taken)
+        assert [g["index"] for g in gen.snapshot()["buffer"]][:2] == indices
+        again, _ = gen.take(lag_of)
+        assert [g.index for g in again] == indices
+    finally:
+        gen.close()
+
+
 def test_groups_in_flight_default_to_the_clients_concurrency_cap():
     from gspo_megatron.config.load import load_config
     from gspo_megatron.trainer.async_rollouts import groups_in_flight

@@ -18,8 +18,9 @@ Before dying it writes one line to stderr naming the point and what was in fligh
 - ``sync``: inside a weight update, after its first bucket was sent and before the session
   ended: the servers are paused, in a weight-update session, half updated, and hold the
   broadcast group (``weight_sync/sync.py``).
-- ``checkpoint``: between the files of a checkpoint: everything but ``manifest.json`` is in
-  ``step_<N>.partial/`` (``learner/checkpoint_write.py``, rank 0).
+- ``checkpoint``: between the files of step ``<step>``'s checkpoint: everything but
+  ``manifest.json`` is in ``step_<step>.partial/`` (``learner/checkpoint_write.py``, rank 0; a
+  save written in the background reaches it while the next step runs).
 
 The variable is read once, when this module is imported; unset, :func:`armed` is one comparison
 with None. A malformed value fails the import, naming the variable. Every rank of a learner world
@@ -58,12 +59,16 @@ def enter_step(step: int) -> None:
     _step = step
 
 
-def armed(point: str) -> bool:
-    """Whether reaching ``point`` now kills the process (False whenever the variable is unset)."""
-    return _TARGET is not None and _TARGET == (point, _step)
+def armed(point: str, step: Optional[int] = None) -> bool:
+    """Whether reaching ``point`` now kills the process (False whenever the variable is unset);
+    ``step``: the RL step the point belongs to, when not the loop's current one (a checkpoint
+    written in the background is finished during the next step)."""
+    return _TARGET is not None and _TARGET == (point, _step if step is None else step)
 
 
-def kill(point: str, detail: str) -> None:
-    """Say where and what was in flight (``detail``) on stderr, then SIGKILL this process."""
-    os.write(2, f"{ENV_VAR} {point}:{_step}: SIGKILL ({detail})\n".encode())
+def kill(point: str, detail: str, step: Optional[int] = None) -> None:
+    """Say where (``step`` as in :func:`armed`) and what was in flight (``detail``) on stderr,
+    then SIGKILL this process."""
+    os.write(2, f"{ENV_VAR} {point}:{_step if step is None else step}: SIGKILL ({detail})\n"
+             .encode())
     os.kill(os.getpid(), signal.SIGKILL)

@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from gspo_megatron.distributed.host_heap import resident_bytes
 from gspo_megatron.faults import kill_points
-from gspo_megatron.learner.checkpoint_files import META_FILE, write_manifest
+from gspo_megatron.learner.checkpoint_files import META_FILE, STEP_PREFIX, write_manifest
 from gspo_megatron.learner.disk_space import (OutputWriteError, check_free_space,
                                               describe_write_failure)
 
@@ -288,15 +288,23 @@ class PendingSave:
         try:
             body = {"format": FORMAT, **{k: jsonable(v) for k, v in meta.items()}}
             (partial / META_FILE).write_text(json.dumps(body, indent=2, sort_keys=True))
-            if kill_points.armed("checkpoint"):  # test hook: dies with the manifest unwritten
+            step = _step_of(final)
+            if kill_points.armed("checkpoint", step):  # test hook: dies, manifest unwritten
                 kill_points.kill("checkpoint", f"{partial}: "
-                                 f"{sorted(p.name for p in partial.iterdir())} written, no manifest")
+                                 f"{sorted(p.name for p in partial.iterdir())} written, no manifest",
+                                 step)
             write_manifest(partial)
             _publish(partial, final)
         except OSError as exc:
             shutil.rmtree(partial, ignore_errors=True)
             raise OutputWriteError(describe_write_failure(exc, final, what)) from None
         log.info("saved checkpoint %s (step %s)", final, meta.get("step"))
+
+
+def _step_of(directory: Path) -> Optional[int]:
+    """The RL step a ``step_<N>`` checkpoint directory holds (None for other names)."""
+    number = directory.name[len(STEP_PREFIX):]
+    return int(number) if directory.name.startswith(STEP_PREFIX) and number.isdigit() else None
 
 
 def begin_save(state: Dict[str, Any], directory: str | Path, meta: Dict[str, Any],

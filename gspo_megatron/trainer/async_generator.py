@@ -246,6 +246,15 @@ class AsyncGenerator:
             self._taken_since_sync += len(taken)
         return taken, time.monotonic() - t0
 
+    def put_back(self, groups: List[FinishedGroup]) -> None:
+        """Return groups :meth:`take` handed out for a step that was then dropped (a deadline,
+        ``trainer/preemption.py``): they are buffered again, first in line, and count as not
+        taken since the last sync."""
+        with self.lock:
+            self._buffer = list(groups) + self._buffer
+            self._taken_since_sync = max(self._taken_since_sync - len(groups), 0)
+            self.lock.notify_all()
+
     def _drop_too_old(self, lag_of: Callable[[int], int]) -> None:
         """Under the lock: drop (and count) the finished groups older than ``k``."""
         keep = []

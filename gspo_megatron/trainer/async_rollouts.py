@@ -95,6 +95,9 @@ class AsyncRollouts:
         self.ledger = GroupLedger(cfg.logging.run_dir) if is_main else None
         """``async_groups.jsonl``: every group taken, dropped or left (trainer/async_ledger.py)."""
         self._ledger_started = False
+        self._taken: Optional[List[FinishedGroup]] = None
+        """Main rank: the groups of the step being trained, until its sync (a dropped step
+        puts them back)."""
 
     def _score(self, samples: List[Sample], record: PromptRecord) -> List[float]:
         with self._score_lock:  # one reward batch at a time: the runner keeps its last stats
@@ -117,6 +120,7 @@ class AsyncRollouts:
 
     def synced(self, trained_steps: int) -> None:
         """The engine now serves the learner's weights after ``trained_steps`` RL steps."""
+        self._taken = None
         self._trained = trained_steps
         self._version_step[int(self.learner.step)] = trained_steps
         if self.generator is not None:
@@ -163,6 +167,7 @@ class AsyncRollouts:
                 groups, wait_s = self.generator.take(self.lag_of)
         except StepAbandoned as exc:
             return AbandonMarker(str(exc)), 0.0
+        self._taken = groups
         rollout = self._scored(groups)
         self.ledger.write(step, taken=[[g.index, g.record.prompt_id,
                                         max((max(x) for x in lags if x), default=0)]
@@ -230,8 +235,11 @@ class AsyncRollouts:
 
     def abandon_state(self):
         """``(pending state, sampler state)`` of a checkpoint of the state before the open step:
-        the generator's buffer and groups in flight as they are (nothing of the open step was
-        taken), the sampler as it is (None: the live one)."""
+        the generator's buffer (with the open step's groups put back, if it had taken them) and
+        groups in flight, the sampler as it is (None: the live one). Collective."""
+        if self._taken and self.generator is not None:
+            self.generator.put_back(self._taken)
+        self._taken = None
         return self.checkpoint_state(), None
 
     def restore(self, state: Optional[dict]) -> None:

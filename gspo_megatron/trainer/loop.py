@@ -38,11 +38,9 @@ import logging
 import resource
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Dict, Optional
 
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
 from gspo_megatron.config.schema import rollout_staleness
@@ -53,17 +51,17 @@ from gspo_megatron.trainer.async_rollouts import AsyncRollouts
 from gspo_megatron.trainer.batching import (rollout_routing_shape, rollout_to_sequence_batch,
                                              sft_batch)
 from gspo_megatron.trainer.build import TrainerParts
+from gspo_megatron.trainer.deadline import BETWEEN, GENERATING, SAVING, UPDATING
 from gspo_megatron.trainer.evaluation import evaluate_accuracy
 from gspo_megatron.trainer.expert_volatility import ExpertVolatilityProbe
 from gspo_megatron.trainer.finish import finish_run
 from gspo_megatron.trainer.old_policy import OldPolicy, old_policy_pass
-from gspo_megatron.trainer.deadline import (BETWEEN, GENERATING, GIVE_UP, SAVING, ABANDON,
-                                            UPDATING)
 from gspo_megatron.trainer.preemption import (NO_CHECKPOINT_EXIT_CODE, REQUEUE_EXIT_CODE,
                                               StepAbandoned)
 from gspo_megatron.trainer.rollout_pipeline import RolloutPipeline
 from gspo_megatron.trainer.rollout_step import ScoredRollout, collect_rollout
 from gspo_megatron.trainer.sft_stop import SftStopRule
+from gspo_megatron.trainer.step_saves import StepSaves, any_rank
 
 log = logging.getLogger(__name__)
 
@@ -80,14 +78,6 @@ def _stall_timeout(engine) -> Optional[float]:
     """The engine's bound on one batch's wait (SGLang servers), or None (main rank only)."""
     stall = getattr(engine, "stall_timeout_s", None)
     return stall() if callable(stall) else None
-
-
-def _any_rank(flag: bool, parts: TrainerParts) -> bool:
-    if parts.runtime.world_size == 1:
-        return flag
-    t = torch.tensor([1 if flag else 0])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
 
 
 @dataclass
@@ -113,6 +103,7 @@ class GSPOTrainer:
         self._engine_step: Optional[int] = None  # learner step whose weights the engine serves
         # colocated: the engine's memory is with the learner (released at build, trainer/build.py)
         self._released = cfg.rollout.mode == "colocated" and parts.runtime.is_main
+        self.saves = StepSaves(parts)
         abandonable = parts.preemption.abandonable  # the main rank's waits for a rollout
         if self.staleness >= 2:  # continuous generation across weight updates
             self.rollouts = AsyncRollouts(
@@ -211,7 +202,7 @@ class GSPOTrainer:
             p.checkpoints.finish_pending()
         p.preemption.enter(GENERATING)
         ready = self.rollouts.take(step)  # StepAbandoned on every rank when a deadline cut it
-        self._abandon_if_late()
+        self.saves.abandon_if_late(self.step)
         p.preemption.enter(UPDATING)
         prepared = ready.prepared
         metrics.update(ready.rollout.metrics, **prepared.old.metrics)
@@ -251,92 +242,24 @@ class GSPOTrainer:
     # ---- the run -------------------------------------------------------------------------
     def _preempted_before_first_step(self) -> bool:
         """A signal during start-up: nothing new to save, exit for requeue."""
-        if not _any_rank(self.p.preemption.requested, self.p):
+        if not any_rank(self.p.preemption.requested, self.p.runtime.world_size):
             return False
         log.warning("preemption signal before the first RL step: exiting %d without a new "
                     "checkpoint", REQUEUE_EXIT_CODE)
         return True
-
-    def _save(self, extra: Dict, sampler_state: Optional[dict] = None,
-              background: bool = False):
-        """Collective: checkpoint ``self.step`` (``background``: its files are written while
-        the next rollout is generated, and it counts once finished, before the next update)."""
-        p = self.p
-        p.preemption.enter(SAVING)
-        path = p.checkpoints.save(self.step, extra=extra, sampler_state=sampler_state,
-                                  background=background)
-        p.preemption.enter(BETWEEN)
-        return path
-
-    def _saves_done(self) -> Dict[str, float]:
-        """The saves finished since the last row: their times feed the deadline rule, the
-        progress note names the newest, and the newest's numbers go into the row."""
-        p, metrics = self.p, {}
-        for step, report in p.checkpoints.reports:
-            p.preemption.times.observe("save", report.total_s)
-            if p.runtime.is_main:
-                p.preemption.progress(p.run_dir, p.preemption.trained_step or step,
-                                      checkpoint=Path(report.directory), checkpoint_step=step)
-            metrics = {"checkpoint/step": float(step),
-                       "time/checkpoint_blocking_s": report.blocking_s,
-                       "time/checkpoint_s": report.total_s,
-                       "checkpoint/written_gb": report.bytes_written / 1e9,
-                       "checkpoint/size_gb": report.checkpoint_bytes / 1e9,
-                       "checkpoint/peak_host_gb": report.peak_rss_bytes / 2**30}
-        p.checkpoints.reports.clear()
-        return metrics
-
-    def _abandon_if_late(self) -> None:
-        """Collective, at the last point before the learner changes: a warned run whose
-        deadline leaves no room for the update and a save drops the step here."""
-        p, late = self.p, False
-        if p.runtime.is_main:
-            decision = p.preemption.decision(GENERATING, elapsed_s=float("inf"))
-            late = decision is not None and decision.action in (ABANDON, GIVE_UP)
-            if late:
-                log.warning("abandoning step %d before its update: %s", self.step + 1,
-                            decision.reason)
-        if _any_rank(late, p):
-            raise StepAbandoned(f"no room for step {self.step + 1}'s update and a save")
-
-    def _no_time_to_save(self) -> bool:
-        """Collective: the deadline leaves no room for a save (the main rank's rule)."""
-        p, short = self.p, False
-        if p.runtime.is_main:
-            decision = p.preemption.decision(BETWEEN)
-            short = decision is not None and decision.action == GIVE_UP
-            if short:
-                log.error("%s: stopping without a checkpoint; %s (exit %d)", decision.reason,
-                          p.preemption.redo_note(), NO_CHECKPOINT_EXIT_CODE)
-        return _any_rank(short, p)
-
-    def _save_abandoned(self, reason: StepAbandoned) -> int:
-        """Collective: the open step was dropped before the learner changed; checkpoint the
-        state after the last completed step (``self.step``) and leave for the requeue."""
-        p = self.p
-        if p.engine is not None:  # main rank: stop the servers' work on the dropped rollout
-            p.engine.cancel_generation()
-        pending, sampler_state = self.rollouts.abandon_state()
-        if self._no_time_to_save():
-            return NO_CHECKPOINT_EXIT_CODE
-        self._save({"pending_rollout": pending}, sampler_state=sampler_state)
-        self._saves_done()
-        log.warning("dropped step %d (%s) and checkpointed the state after step %d; exiting %d "
-                    "for requeue", self.step + 1, reason, self.step, REQUEUE_EXIT_CODE)
-        return REQUEUE_EXIT_CODE
 
     def _start_fresh(self) -> Optional[int]:
         """Cold start and first evaluation of a new run; an exit code when a signal ends it
         there (a cold start that learned something is checkpointed as step 0 first)."""
         p = self.p
         sft = self.cold_start()
-        if _any_rank(p.preemption.requested, p):
+        if any_rank(p.preemption.requested, p.runtime.world_size):
             if not sft:
                 return REQUEUE_EXIT_CODE  # nothing new to keep
-            if self._no_time_to_save():
+            if self.saves.no_time_to_save():
                 return NO_CHECKPOINT_EXIT_CODE
-            self._save({"pending_rollout": None})
-            self._saves_done()
+            self.saves.save(0, {"pending_rollout": None})
+            self.saves.done()
             log.warning("checkpointed the cold start (step 0) after %s; exiting %d for requeue",
                         p.preemption.signal_name or "a signal on another rank", REQUEUE_EXIT_CODE)
             return REQUEUE_EXIT_CODE
@@ -369,14 +292,14 @@ class GSPOTrainer:
             try:
                 metrics = self.rl_step()
             except StepAbandoned as reason:  # every rank, before the learner changed
-                return self._save_abandoned(reason)
+                return self.saves.save_abandoned(self.step, reason, self.rollouts)
             self.step += 1
             p.preemption.enter(BETWEEN)
-            metrics.update(self._saves_done())
+            metrics.update(self.saves.done())
             bar.update(1)
             bar.set_postfix(reward=f"{metrics.get('reward/mean', 0.0):.3f}")
             last = self.step == cfg.trainer.num_steps
-            preempted = _any_rank(p.preemption.requested, p)
+            preempted = any_rank(p.preemption.requested, p.runtime.world_size)
             if (last or (eval_every and self.step % eval_every == 0)) and \
                     not (preempted and not last):  # a warned run saves before evaluating
                 metrics.update(self.evaluate())
@@ -384,21 +307,21 @@ class GSPOTrainer:
                 p.logger.log(self.step, metrics)
                 p.preemption.progress(p.run_dir, self.step)
                 log.info("step %d/%d %s", self.step, cfg.trainer.num_steps, _summary(metrics))
-            if preempted and self._no_time_to_save():
+            if preempted and self.saves.no_time_to_save():
                 return NO_CHECKPOINT_EXIT_CODE
             every = cfg.checkpoint.save_every_steps
             if (last and cfg.checkpoint.save_final) or preempted or \
                     (every and self.step % every == 0):
-                self._save({"pending_rollout": self.rollouts.checkpoint_state()},
-                           background=cfg.checkpoint.async_save and not (last or preempted))
-                self._saves_done()  # a save at once: its note for a requeue now
+                self.saves.save(self.step, {"pending_rollout": self.rollouts.checkpoint_state()},
+                                background=cfg.checkpoint.async_save and not (last or preempted))
+                self.saves.done()  # a save at once: its note for a requeue now
             if preempted and not last:
                 log.warning("checkpointed step %d after %s; exiting %d for requeue", self.step,
                             p.preemption.signal_name or "a signal on another rank", REQUEUE_EXIT_CODE)
                 return REQUEUE_EXIT_CODE
         bar.close()
         p.checkpoints.finish_pending()  # the final save may be off (checkpoint.save_final)
-        self._saves_done()
+        self.saves.done()
         finish_run(p)
         return 0
 

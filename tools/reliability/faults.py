@@ -58,11 +58,16 @@ def sigterm_mid_run(ws, d):
                                expect_code=124, line_pattern="exiting 124 for requeue")
 
 
-@fault("SIGUSR1 during start-up", "kill -USR1 0.5 s after launch (still importing)")
+@fault("SIGUSR1 during start-up", "kill -USR1 as soon as the trainer catches it (still importing)")
 def sigusr1_at_start(ws, d):
+    """Sent the moment ``/proc`` shows the handler, not after a fixed delay: before it, SIGUSR1's
+    default action ends any process (no program can answer it), and on a loaded machine a fixed
+    0.5 s fell before the handler (exit -10 in CI, 2026-12-07)."""
     run_dir = d / "run"
     proc = spawn_train(ws, d, run_dir)
-    time.sleep(0.5)
+    if not harness.wait_until(lambda: harness.catches(proc.pid, signal.SIGUSR1), proc,
+                              timeout_s=60, poll_s=0.002):
+        return "-", "", f"the trainer never installed its SIGUSR1 handler (exit {proc.poll()})"
     proc.send_signal(signal.SIGUSR1)
     code = proc.wait(timeout=300)
     written = harness.snapshot(run_dir)

@@ -222,6 +222,18 @@ def wait_until(condition: Callable[[], bool], proc: subprocess.Popen, timeout_s:
     return False
 
 
+def catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler installed for ``sig`` (``SigCgt`` in
+    ``/proc/<pid>/status``, a hex mask with bit ``sig - 1``); False once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next((line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")),
+                "0")
+    return bool(int(mask, 16) >> (sig - 1) & 1)
+
+
 def log_lines(path: Path) -> List[str]:
     text = path.read_text(errors="replace") if path.exists() else ""
     return [line.rstrip() for line in text.replace("\r", "\n").splitlines()]
