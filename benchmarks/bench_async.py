@@ -59,11 +59,12 @@ QUIET = ["logging.wandb.enabled=false", "logging.plot=false", "checkpoint.save_e
 
 
 def staleness_overrides(k: int, corrected: bool = True) -> List[str]:
-    """The column's settings: k, and the behaviour weight for k >= 2 (unless ``corrected`` is
-    off, the ablation)."""
+    """The column's settings: k, and the behaviour weight for k >= 2 (what ``algo.tis.mode=auto``
+    gives there, spelt out), or the uncorrected ablation by name when ``corrected`` is off."""
     out = [f"rollout.max_staleness={k}"]
-    if k >= 2 and corrected:
-        out += ["algo.tis.enabled=true", "algo.tis.level=sequence", "algo.tis.cap=2.0"]
+    if k >= 2:
+        out += (["algo.tis.mode=truncate", "algo.tis.level=sequence", "algo.tis.cap=2.0"]
+                if corrected else ["algo.tis.mode=off"])
     return out
 
 

@@ -22,7 +22,7 @@ def test_every_column_is_a_valid_run_against_the_real_server(label, k, corrected
                        *bench.staleness_overrides(k, corrected)])
     assert rollout_staleness(cfg.rollout) == k
     assert cfg.algo.old_logprob_source == "learner"  # equal work: every column recomputes
-    assert cfg.algo.tis.enabled == (k >= 2 and corrected)
+    assert cfg.algo.tis.mode == ("truncate" if k >= 2 and corrected else "off")
 
 
 def _row(step, step_s, n=256, length=10.0, **extra):

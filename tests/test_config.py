@@ -112,7 +112,13 @@ def test_missing_file_and_cycle_are_reported(tmp_path):
     (["parallel.world_size=8", "parallel.tp=2", "parallel.sp=true", "batch.num_prompts_per_step=1",
       "rollout.n_samples_per_prompt=4", "batch.num_mini_batches=4"],
      "cannot feed 4 data-parallel ranks"),
-    (["algo.tis.enabled=true", "algo.old_logprob_source=rollout"], "every weight would be 1"),
+    (["algo.tis.mode=truncate", "algo.old_logprob_source=rollout"], "every r would be 1"),
+    (["algo.tis.mode=mask", "algo.old_logprob_source=learner", "algo.tis.cap=1.0"],
+     "algo.tis.cap: 1.0 must be > 1 with algo.tis.mode=mask"),
+    (["algo.tis.mode=truncate", "algo.old_logprob_source=learner", "algo.tis.cap=0.9"],
+     "algo.tis.cap: 0.9 must be >= 1"),
+    (["algo.tis.mode=clip"], "algo.tis.mode: 'clip' is not one of auto, off, truncate, mask"),
+    (["algo.tis.level=prefix"], "algo.tis.level: 'prefix' is not one of auto, token, sequence"),
     (["algo.routing_replay=true", "algo.old_logprob_source=rollout"],
      "recorded by the learner's old-log-prob pass"),
     (["algo.routing_replay=true", "model.arch=qwen3", "model.num_experts=0"],
@@ -192,6 +198,34 @@ def test_max_staleness_and_its_old_name():
     k4 = ["rollout.max_staleness=4", "rollout.engine=reference", "rollout.mode=disaggregated",
           "algo.old_logprob_source=learner"]
     assert rollout_staleness(load_config(tiny, k4).rollout) == 4
+
+
+def test_the_importance_correction_defaults_to_what_the_run_needs():
+    """Issue 51: ``algo.tis`` left at ``auto`` is the sequence-level behaviour weight under
+    ``rollout.max_staleness >= 2`` (token level for grpo) and off otherwise; the loaded config
+    (and so the saved ``config.yaml``) names what runs. ``off`` by name is the ablation."""
+    tiny = REPO / "configs" / "tiny_cpu.yaml"
+    k2 = ["rollout.max_staleness=2", "rollout.engine=reference", "rollout.mode=disaggregated",
+          "algo.old_logprob_source=learner"]
+
+    def tis(*overrides):
+        t = load_config(tiny, list(overrides)).algo.tis
+        return t.mode, t.level
+
+    assert tis() == ("off", "sequence")
+    assert tis("rollout.overlap_one_step=true", "algo.old_logprob_source=learner") == (
+        "off", "sequence")
+    assert tis(*k2) == ("truncate", "sequence")
+    assert tis(*k2, "algo.loss=gspo_token") == ("truncate", "sequence")
+    assert tis(*k2, "algo.loss=grpo") == ("truncate", "token")
+    assert tis(*k2, "algo.tis.mode=off") == ("off", "sequence")
+    assert tis(*k2, "algo.tis.mode=mask", "algo.tis.level=token") == ("mask", "token")
+    assert tis("algo.tis.mode=mask", "algo.old_logprob_source=learner") == ("mask", "sequence")
+    # k >= 2 with the engine's log-probs as pi_old: refused for that reason alone (auto is off)
+    with pytest.raises(ConfigError) as refused:
+        load_config(tiny, [*k2, "algo.old_logprob_source=rollout"])
+    assert "algo.old_logprob_source: 'rollout' under" in str(refused.value)
+    assert "algo.tis.mode:" not in str(refused.value)
 
 
 def test_context_parallel_layouts_are_accepted():

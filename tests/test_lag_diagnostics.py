@@ -11,7 +11,10 @@ from gspo_megatron.algorithms.lag_diagnostics import LAG_BUCKETS, lag_clip_metri
 from gspo_megatron.algorithms.losses import get_policy_loss
 from gspo_megatron.algorithms.metrics import accumulate_metrics, metrics_to_floats
 from gspo_megatron.algorithms.types import PolicyLossInputs
-from gspo_megatron.config.schema import AlgorithmConfig
+from gspo_megatron.config.schema import AlgorithmConfig, TISConfig
+
+OFF = TISConfig(mode="off")
+
 
 NAMES = {f"clip_frac_{level}_{b}" for level in ("token", "seq") for b in LAG_BUCKETS}
 
@@ -64,7 +67,7 @@ def _loss_inputs(lag) -> PolicyLossInputs:
 
 @pytest.mark.parametrize("loss", ["gspo", "gspo_token", "grpo"])
 def test_every_loss_reports_the_lag_buckets_of_its_clip_decisions(loss):
-    cfg = AlgorithmConfig(loss=loss, clip_eps_low=0.1, clip_eps_high=0.1)
+    cfg = AlgorithmConfig(tis=OFF, loss=loss, clip_eps_low=0.1, clip_eps_high=0.1)
     out = get_policy_loss(loss)(_loss_inputs(torch.tensor([3, 3, 0, 0, 9, 5])), cfg)
     m = metrics_to_floats(out.metrics)
     assert NAMES <= set(out.metrics)
@@ -82,8 +85,8 @@ def test_every_loss_reports_the_lag_buckets_of_its_clip_decisions(loss):
 def test_token_lag_is_checked():
     loss = get_policy_loss("gspo")
     with pytest.raises(ValueError, match="token_lag has shape \\(5,\\), expected \\(6,\\)"):
-        loss(_loss_inputs(torch.zeros(5, dtype=torch.int64)), AlgorithmConfig())
+        loss(_loss_inputs(torch.zeros(5, dtype=torch.int64)), AlgorithmConfig(tis=OFF))
     with pytest.raises(ValueError, match="token_lag must hold integers.*float32"):
-        loss(_loss_inputs(torch.zeros(6)), AlgorithmConfig())
+        loss(_loss_inputs(torch.zeros(6)), AlgorithmConfig(tis=OFF))
     with pytest.raises(ValueError, match="token_lag is -1 at token 4.*>= 0"):
-        loss(_loss_inputs(torch.tensor([0, 0, 0, 0, -1, 0])), AlgorithmConfig())
+        loss(_loss_inputs(torch.tensor([0, 0, 0, 0, -1, 0])), AlgorithmConfig(tis=OFF))

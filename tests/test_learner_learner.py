@@ -307,7 +307,7 @@ def test_policy_inputs_carry_the_per_token_fields_token_lags_included():
 
     from gspo_megatron.algorithms.losses import get_policy_loss
     from gspo_megatron.algorithms.metrics import metrics_to_floats
-    from gspo_megatron.config.schema import AlgorithmConfig
+    from gspo_megatron.config.schema import AlgorithmConfig, TISConfig
     from gspo_megatron.learner.batch import SequenceBatch, plan_step
     from gspo_megatron.learner.learner import Learner
 
@@ -324,5 +324,6 @@ def test_policy_inputs_carry_the_per_token_fields_token_lags_included():
     assert torch.equal(inputs.token_lag, mb.extras["token_lags"])
     assert torch.equal(inputs.rollout_logprobs, mb.extras["rollout_logprobs"])
     assert sorted(inputs.token_lag.tolist()) == [0, 0, 1, 2]
-    metrics = metrics_to_floats(get_policy_loss("gspo")(inputs, AlgorithmConfig()).metrics)
+    off = AlgorithmConfig(tis=TISConfig(mode="off"))
+    metrics = metrics_to_floats(get_policy_loss("gspo")(inputs, off).metrics)
     assert metrics["clip_frac_token_lag2"] == 0.0 and "clip_frac_token_lag3" not in metrics

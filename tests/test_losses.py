@@ -15,7 +15,10 @@ from gspo_megatron.algorithms.losses import get_policy_loss, register_policy_los
 from gspo_megatron.algorithms.metrics import accumulate_metrics, all_reduce_metrics, metrics_to_floats
 from gspo_megatron.algorithms.types import PolicyLossInputs
 from gspo_megatron.config.schema import AlgorithmConfig, TISConfig
+
 from tests.multiproc import run_on_ranks
+
+OFF = TISConfig(mode="off")  # no importance correction (the losses see a resolved config)
 
 torch.set_num_threads(1)
 LENGTHS = [3, 1, 5, 2]
@@ -59,7 +62,7 @@ def test_gspo_gradient_is_paper_eq10_through_a_model():
     logp, _ = vocab_parallel_logprobs_entropy(hidden @ weight, targets, compute_entropy=False)
     old = logp.detach() + 0.05 * torch.randn(11, generator=gen)
     adv = [1.0, -0.5, 2.0, -1.5]
-    cfg = AlgorithmConfig(loss="gspo", clip_eps_low=0.9, clip_eps_high=10.0)
+    cfg = AlgorithmConfig(tis=OFF, loss="gspo", clip_eps_low=0.9, clip_eps_high=10.0)
     inputs = _inputs(logp, old, adv)
     (grad,) = torch.autograd.grad(get_policy_loss("gspo")(inputs, cfg).loss, weight, retain_graph=True)
     lengths = torch.tensor(LENGTHS, dtype=torch.float32)
@@ -73,9 +76,9 @@ def test_gspo_gradient_is_paper_eq10_through_a_model():
 def test_gspo_token_equals_gspo_in_value_clipping_and_gradient():
     logp, old = _random(1, noise=0.02)
     adv = [1.0, -1.0, 0.7, -0.3]
-    cfg = AlgorithmConfig(clip_eps_low=3e-3, clip_eps_high=4e-3)
-    for tis in (TISConfig(), TISConfig(enabled=True, level="token", cap=1.02),
-                TISConfig(enabled=True, level="sequence", cap=2.0)):
+    cfg = AlgorithmConfig(tis=OFF, clip_eps_low=3e-3, clip_eps_high=4e-3)
+    for tis in (OFF, TISConfig(mode="truncate", level="token", cap=1.02),
+                TISConfig(mode="truncate", level="sequence", cap=2.0)):
         c = replace(cfg, tis=tis)
         rollout = old + 0.03 * torch.randn(old.shape, generator=torch.Generator().manual_seed(9))
         seq = get_policy_loss("gspo")(_inputs(logp, old, adv, rollout_logprobs=rollout), c)
@@ -95,7 +98,8 @@ def test_zero_gradient_exactly_when_the_sequence_is_clipped():
     adv = [1.0, -1.0, -1.0, 1.0, 1.0, -1.0]  # clipped: high (A>0, s>1+eh), low (A<0, s<1-el)
     old = torch.full((6,), -1.0)
     logp = (old + log_s).requires_grad_()
-    out = get_policy_loss("gspo")(_inputs(logp, old, adv, lengths=[1] * 6), AlgorithmConfig())
+    out = get_policy_loss("gspo")(_inputs(logp, old, adv, lengths=[1] * 6),
+                                  AlgorithmConfig(tis=OFF))
     grad = _grad(out, logp)
     clipped = torch.tensor([True, False, True, False, False, False])
     assert bool((grad[clipped] == 0).all()) and bool((grad[~clipped] != 0).all())
@@ -109,7 +113,7 @@ def test_on_policy_every_ratio_is_one_and_nothing_is_clipped():
     logp, _ = _random(2, noise=0.0)
     for name in ("gspo", "gspo_token", "grpo"):
         out = get_policy_loss(name)(_inputs(logp, logp.detach().clone(), [1.0, -2.0, 0.5, -0.1]),
-                                    AlgorithmConfig(loss=name))
+                                    AlgorithmConfig(tis=OFF, loss=name))
         m = metrics_to_floats(out.metrics)
         assert m["ratio_min"] == m["ratio_max"] == 1.0 and m["clip_frac_token"] == 0.0
         assert m["clip_frac_seq"] == 0.0 and m["approx_kl"] == 0.0
@@ -121,7 +125,7 @@ def test_approx_kl_is_k3_of_kl_old_new_and_every_loss_reports_length_diagnostics
     delta = torch.tensor([0.3, -0.2, 0.1, 0.0, -0.5, 0.4])
     for name in ("gspo", "gspo_token", "grpo"):
         out = get_policy_loss(name)(_inputs((old + delta).requires_grad_(), old, [1.0, -1.0],
-                                            lengths=[2, 4]), AlgorithmConfig(loss=name))
+                                            lengths=[2, 4]), AlgorithmConfig(tis=OFF, loss=name))
         m = metrics_to_floats(out.metrics)
         # KL(old || new) from samples of pi_old: E[r - 1 - log r], r = pi_new / pi_old.
         assert m["approx_kl"] == pytest.approx(float((delta.exp() - 1 - delta).mean())), name
@@ -134,7 +138,7 @@ def test_sequence_ratio_is_a_length_normalised_mean_not_a_sum():
     old = torch.full((n,), -2.0)
     logp = (old + 0.01).requires_grad_()
     out = get_policy_loss("gspo")(_inputs(logp, old, [1.0], lengths=[n]),
-                                  AlgorithmConfig(clip_eps_high=1.0))
+                                  AlgorithmConfig(tis=OFF, clip_eps_high=1.0))
     assert metrics_to_floats(out.metrics)["ratio_mean"] == pytest.approx(math.exp(0.01), rel=1e-5)
 
 
@@ -148,7 +152,8 @@ def test_grpo_aggregations_and_token_clipping():
     lengths = inputs.seq_token_counts.float()[inputs.seq_index]
     expected = {"token_mean": -obj.sum() / 11, "seq_mean_token_mean": -(obj / lengths).sum() / 4}
     for agg, value in expected.items():
-        cfg = AlgorithmConfig(loss="grpo", clip_eps_low=0.2, clip_eps_high=0.27, grpo_aggregation=agg)
+        cfg = AlgorithmConfig(tis=OFF, loss="grpo", clip_eps_low=0.2, clip_eps_high=0.27,
+                              grpo_aggregation=agg)
         out = get_policy_loss("grpo")(inputs, cfg)
         torch.testing.assert_close(out.loss.detach(), value)
         clipped = ((a > 0) & (ratio > 1.27)) | ((a < 0) & (ratio < 0.8))
@@ -157,7 +162,8 @@ def test_grpo_aggregations_and_token_clipping():
         assert metrics_to_floats(out.metrics)["clip_frac_token"] == pytest.approx(
             clipped.float().mean().item())
     with pytest.raises(ValueError, match="grpo_aggregation"):
-        get_policy_loss("grpo")(inputs, AlgorithmConfig(loss="grpo", grpo_aggregation="sum"))
+        get_policy_loss("grpo")(inputs, AlgorithmConfig(tis=OFF, loss="grpo",
+                                                        grpo_aggregation="sum"))
 
 
 def test_kl_and_entropy_terms_are_sequence_mean_token_mean_for_gspo():
@@ -165,7 +171,7 @@ def test_kl_and_entropy_terms_are_sequence_mean_token_mean_for_gspo():
     entropy = torch.rand(11, generator=torch.Generator().manual_seed(5)).requires_grad_()
     ref = old - 0.2
     inputs = _inputs(logp, old, [0.0] * 4, entropy=entropy, ref_logprobs=ref)
-    cfg = AlgorithmConfig(kl_coef=0.1, entropy_coef=0.01)
+    cfg = AlgorithmConfig(tis=OFF, kl_coef=0.1, entropy_coef=0.01)
     out = get_policy_loss("gspo")(inputs, cfg)
     lengths = inputs.seq_token_counts.float()[inputs.seq_index]
     k3 = torch.exp(ref - logp.detach()) - (ref - logp.detach()) - 1
@@ -181,7 +187,7 @@ def test_tis_truncates_and_mismatch_is_reported():
     rollout = old.clone()
     rollout[0] -= 2.0  # pi_old / pi_rollout = e^2 > cap 2 for token 0
     inputs = _inputs(logp, old, [1.0, 1.0, 1.0, 1.0], rollout_logprobs=rollout)
-    cfg = AlgorithmConfig(loss="grpo", tis=TISConfig(enabled=True, level="token", cap=2.0))
+    cfg = AlgorithmConfig(loss="grpo", tis=TISConfig(mode="truncate", level="token", cap=2.0))
     out = get_policy_loss("grpo")(inputs, cfg)
     grad = _grad(out, logp)
     torch.testing.assert_close(grad[0], 2.0 * grad[1])  # same ratio and advantage, weight 2 vs 1
@@ -190,13 +196,19 @@ def test_tis_truncates_and_mismatch_is_reported():
     assert m["mismatch_token_abs_max"] == pytest.approx(2.0)
     assert m["mismatch_token_abs_mean"] == pytest.approx(2.0 / 11)
     assert m["mismatch_seq_abs_max"] == pytest.approx(2.0 / 3)
+    # Issue 51's diagnostics, over the 4 sequences (lengths 3, 1, 5, 2; only token 0 differs):
+    assert m["mismatch_seq_token_abs_mean"] == pytest.approx((2.0 / 3) / 4)
+    assert m["mismatch_seq_token_abs_max_mean"] == pytest.approx(2.0 / 4)
+    assert m["mismatch_kl"] == pytest.approx((math.exp(2.0) - 1.0 - 2.0) / 11)
+    assert m["mismatch_chi2_token"] == pytest.approx((math.exp(2.0) - 1.0) ** 2 / 11)
+    assert m["mismatch_chi2_seq"] == pytest.approx((math.exp(2.0 / 3) - 1.0) ** 2 / 4)
 
 
 def test_micro_batches_sum_to_the_mini_batch_gradient():
     logp, old = _random(7, noise=0.01)
     adv = [1.0, -1.0, 0.5, -0.2]
     for name in ("gspo", "gspo_token", "grpo"):
-        cfg = AlgorithmConfig(loss=name, clip_eps_low=0.005, clip_eps_high=0.005)
+        cfg = AlgorithmConfig(tis=OFF, loss=name, clip_eps_low=0.005, clip_eps_high=0.005)
         whole = _grad(get_policy_loss(name)(_inputs(logp, old, adv), cfg), logp)
         parts, totals = [], {}
         for seqs, tokens in (([0, 1], slice(0, 4)), ([2, 3], slice(4, 11))):
@@ -214,17 +226,19 @@ def test_bad_inputs_raise_clear_errors():
     logp, old = _random(8, noise=0.0)
     adv = torch.arange(11.0)
     with pytest.raises(ValueError, match="advantages vary within sequence 2.*gspo_token"):
-        get_policy_loss("gspo")(_inputs(logp, old, [0.0] * 4, advantages=adv), AlgorithmConfig())
+        get_policy_loss("gspo")(_inputs(logp, old, [0.0] * 4, advantages=adv),
+                                AlgorithmConfig(tis=OFF))
     bad = old.clone()
     bad[5] = float("nan")
     with pytest.raises(ValueError, match="old_logprobs is not finite at token 5"):
-        get_policy_loss("grpo")(_inputs(logp, bad, [1.0] * 4), AlgorithmConfig())
+        get_policy_loss("grpo")(_inputs(logp, bad, [1.0] * 4), AlgorithmConfig(tis=OFF))
     with pytest.raises(ValueError, match="kl_coef > 0 needs"):
-        get_policy_loss("gspo")(_inputs(logp, old, [1.0] * 4), AlgorithmConfig(kl_coef=0.1))
+        get_policy_loss("gspo")(_inputs(logp, old, [1.0] * 4),
+                                AlgorithmConfig(tis=OFF, kl_coef=0.1))
     with pytest.raises(ValueError, match="sequence 0 has 3 tokens here but seq_token_counts says 4"):
         get_policy_loss("gspo")(replace(_inputs(logp, old, [1.0] * 4),
                                         seq_token_counts=torch.tensor([4, 1, 5, 2])),
-                                AlgorithmConfig())
+                                AlgorithmConfig(tis=OFF))
 
 
 def _cp_worker(rank: int) -> dict:
@@ -240,7 +254,7 @@ def _cp_worker(rank: int) -> dict:
     out = {}
     for name in ("gspo", "gspo_token", "grpo"):
         cfg = AlgorithmConfig(loss=name, clip_eps_low=0.004, clip_eps_high=0.004,
-                              grpo_aggregation="seq_mean_token_mean")
+                              grpo_aggregation="seq_mean_token_mean", tis=OFF)
         whole_in = _inputs(logp_all, old, adv)
         whole = get_policy_loss(name)(whole_in, cfg)
         whole_grad = _grad(whole, logp_all)

@@ -23,7 +23,10 @@ from gspo_megatron.algorithms.losses import get_policy_loss
 from gspo_megatron.algorithms.metrics import accumulate_metrics, all_reduce_metrics, metrics_to_floats
 from gspo_megatron.algorithms.types import PolicyLossInputs
 from gspo_megatron.config.schema import AlgorithmConfig, TISConfig
+
 from tests.multiproc import run_on_ranks
+
+OFF = TISConfig(mode="off")
 
 torch.set_num_threads(1)
 F64 = torch.float64
@@ -91,8 +94,8 @@ def _inputs(logp, prox, behav, adv, lag, lengths, seq_index=None, **kw) -> Polic
 
 
 def _cfg(loss: str, level: Optional[str], aggregation: str = "token_mean",
-         cap: float = CAP) -> AlgorithmConfig:
-    tis = TISConfig() if level is None else TISConfig(enabled=True, level=level, cap=cap)
+         cap: float = CAP, mode: str = "truncate") -> AlgorithmConfig:
+    tis = OFF if level is None else TISConfig(mode=mode, level=level, cap=cap)
     return AlgorithmConfig(loss=loss, clip_eps_low=EPS, clip_eps_high=EPS, tis=tis,
                            grpo_aggregation=aggregation)
 
@@ -109,18 +112,27 @@ def _pessimistic(ratio: torch.Tensor, adv: float) -> torch.Tensor:
 
 
 def _behaviour_weights(prox: List[float], behav: List[float], level: Optional[str],
-                       cap: float) -> List[float]:
-    """Per token of one sequence: 1, ``min(exp(mean(prox - behav)), C)`` or per-token mins."""
+                       cap: float, mode: str = "truncate") -> List[float]:
+    """Per token of one sequence: 1, or the weight of ``r = exp(mean(prox - behav))``
+    (sequence) or of each ``exp(prox_t - behav_t)`` (token): ``min(r, C)`` (truncate), or ``r``
+    inside ``[1/C, C]`` and 0 outside (mask)."""
     deltas = [p - b for p, b in zip(prox, behav)]
     if level is None:
         return [1.0] * len(deltas)
+
+    def weight(r: float) -> float:
+        if mode == "truncate":
+            return min(r, cap)
+        return r if 1.0 / cap <= r <= cap else 0.0
+
     if level == "sequence":
-        return [min(math.exp(sum(deltas) / len(deltas)), cap)] * len(deltas)
-    return [min(math.exp(d), cap) for d in deltas]
+        return [weight(math.exp(sum(deltas) / len(deltas)))] * len(deltas)
+    return [weight(math.exp(d)) for d in deltas]
 
 
 def reference_loss(loss: str, logp: torch.Tensor, prox, behav, adv, lengths, level: Optional[str],
-                   aggregation: str = "token_mean", cap: float = CAP) -> torch.Tensor:
+                   aggregation: str = "token_mean", cap: float = CAP,
+                   mode: str = "truncate") -> torch.Tensor:
     """``-J`` of the decoupled objective (docs/algorithms.md), one sequence at a time.
 
     gspo:        J = (1/G) sum_i w_i min(s_i A_i, clip(s_i) A_i),  s_i = exp(mean_t(logp - prox))
@@ -136,7 +148,7 @@ def reference_loss(loss: str, logp: torch.Tensor, prox, behav, adv, lengths, lev
         ts = range(start, start + n)
         start += n
         w = _behaviour_weights([float(prox[t]) for t in ts], [float(behav[t]) for t in ts],
-                               level, cap)
+                               level, cap, mode)
         log_s = sum(logp[t] - float(prox[t]) for t in ts) / n
         if loss == "gspo":
             total = total + w[0] * _pessimistic(torch.exp(log_s), float(adv[ts[0]]))
@@ -194,6 +206,43 @@ def test_decoupled_objective_matches_the_reference_in_value_and_gradient(loss, l
         for other in (untruncated, unweighted):
             assert abs(other.item() - ref.item()) > 1e-4
             assert (_grad(other, logp) - _grad(ref, logp)).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("loss,level,aggregation", [c for c in CASES if c[1] is not None])
+def test_masked_correction_matches_the_reference_in_value_and_gradient(loss, level, aggregation):
+    """``algo.tis.mode=mask`` (issue 51): weight ``r`` inside ``[1/C, C]``, 0 outside; the
+    masked units still count in the normaliser (ICEPOP's objective). Sequence 3's behaviour is
+    1.5 nats below its proximal log-prob on every token, so ``r = e^1.5 > C`` drops it at
+    either level: its gradient is exactly 0."""
+    logp, prox, behav, adv, lag, lengths = _stale_case()
+    out = get_policy_loss(loss)(_inputs(logp, prox, behav, adv, lag, lengths),
+                                _cfg(loss, level, aggregation, mode="mask"))
+    ref = reference_loss(loss, logp, prox, behav, adv, lengths, level, aggregation, mode="mask")
+    assert abs(out.loss.item() - ref.item()) <= 1e-6 * (1 + abs(ref.item()))
+    grad = _grad(out.loss, logp)
+    torch.testing.assert_close(grad, _grad(ref, logp), rtol=2e-5, atol=1e-8)
+    m = metrics_to_floats(out.metrics)
+    assert 0 < m["tis_masked_frac"] < 1 and "tis_truncated_frac" not in m
+    start = sum(lengths[:3])
+    assert grad[start:start + lengths[3]].abs().max().item() == 0.0
+    truncated = reference_loss(loss, logp, prox, behav, adv, lengths, level, aggregation)
+    assert abs(truncated.item() - ref.item()) > 1e-4  # the comparison can fail
+
+
+def test_sequence_level_weight_metrics_count_each_sequence_once():
+    """``tis_weight_mean`` / ``tis_truncated_frac`` at sequence level are means over sequences
+    (a 15-token sequence counts as much as a 1-token one), not over their tokens."""
+    logp, prox, behav, adv, lag, lengths = _stale_case()
+    out = get_policy_loss("gspo")(_inputs(logp, prox, behav, adv, lag, lengths),
+                                  _cfg("gspo", "sequence"))
+    m = metrics_to_floats(out.metrics)
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    weights = [_behaviour_weights(prox[s:s + n].tolist(), behav[s:s + n].tolist(), "sequence",
+                                  CAP)[0] for s, n in zip(starts, lengths)]
+    assert m["tis_weight_mean"] == pytest.approx(sum(weights) / len(weights), rel=1e-6)
+    assert m["tis_truncated_frac"] == pytest.approx(sum(w == CAP for w in weights) / len(weights))
+    by_token = sum(w * n for w, n in zip(weights, lengths)) / sum(lengths)
+    assert abs(by_token - m["tis_weight_mean"]) > 1e-3  # the two means differ on this case
 
 
 @pytest.mark.parametrize("loss,level,aggregation", CASES)

@@ -110,6 +110,17 @@ def test_more_staleness_is_never_slower_than_it_pays_for(mean, truncated, num_se
         assert rate[1] <= rate[2] * (1 + 1e-12)
 
 
+def test_the_grid_holds_points_on_both_sides_of_the_reprefill_condition():
+    """The k = 1 <= 2 check above sits under an ``if``: the grid must take it (and leave it)
+    at enough points for the check to mean something (issue 51)."""
+    taken = []
+    for mean, truncated, num_seqs, learner_s in GRID:
+        t = replace(toy_times(mean, truncated, num_seqs), learner_s=learner_s)
+        reprefill = requests_in_flight_at_sync(t, 2) * t.reprefill_per_request_s
+        taken.append(reprefill <= t.rollout_batch_s - t.rollout_s)
+    assert sum(taken) >= 10 and not all(taken), (sum(taken), len(taken))
+
+
 def production_times(mean: float, truncated: float):
     cfg = plain_config(load_config(REPO / "configs" / "qwen3_30b_a3b_gspo.yaml",
                                    [f"plan.mean_response_frac={mean}",

@@ -103,3 +103,20 @@ def test_a_fault_row_differs_when_its_outcome_does_not_when_only_numbers_do():
     for changed in (row.replace("0 and 2", "0 and 0"), row.replace("| ok |", "| **FAIL**: x |"),
                     row.replace("in use", "free")):
         assert outcome(table_rows(doc(changed), "Faults")[0]) != outcome(base)
+
+
+def test_a_full_disk_row_is_the_same_whatever_the_writer_said():
+    """Where a write into a full tmpfs fails decides the writer's words (the committed row said
+    torch's serializer, a fresh clone's run DCP's failure map): masked; the path and what was
+    being written are not."""
+    from tools.reliability_table import outcome
+
+    def cells(detail: str, path: str = "<ws>/x/mnt/run/checkpoints/step_000002") -> list:
+        return ["19", "Disk fills", "`how`", "4 then 0",
+                f"gspo_megatron.learner.checkpoint_write: no space left on {path} while writing "
+                f"checkpoint step_000002 ({detail}); removed {path}.partial", "ok"]
+
+    serializer = cells("0 B free; the writer reported: Worker failure: [enforce fail at "
+                       "inline_container.cc:672] . unexpected pos 704 vs 598")
+    assert outcome(cells("OSError: [Errno 28] No space left on device")) == outcome(serializer)
+    assert outcome(cells("No space left on device", path="<ws>/y")) != outcome(serializer)

@@ -235,12 +235,15 @@ def assert_each_token_from_its_version(samples, models, temperature, atol=2e-5):
     """Every token's log-prob is the log-prob its version's weights give it after the prompt
     and every earlier token (each version's own forward over the whole sequence), and not
     what the other versions' weights give (so the check could fail)."""
-    gaps, others = [0.0], [float("inf")]
+    assert samples, "no samples to check"
+    gaps, others, checked = [0.0], [float("inf")], 0
     with torch.no_grad():
         for s in samples:
             assert len(s.token_versions) == len(s.response_token_ids) == len(s.response_logprobs)
             assert s.token_versions == sorted(s.token_versions), s.token_versions
             assert s.weight_version == str(s.token_versions[-1])
+            unknown = set(s.token_versions) - {int(v) for v in models}
+            assert not unknown, f"tokens of versions {sorted(unknown)} have no model to check"
             got = torch.tensor(s.response_logprobs)
             for version, model in models.items():
                 ref = teacher_forced_logprobs(model, s.prompt_token_ids, s.response_token_ids,
@@ -248,8 +251,10 @@ def assert_each_token_from_its_version(samples, models, temperature, atol=2e-5):
                 mine = torch.tensor([v == int(version) for v in s.token_versions])
                 if mine.any():
                     gaps.append(float((got - ref)[mine].abs().max()))
+                    checked += int(mine.sum())
                 if (~mine).any():
                     others.append(float((got - ref)[~mine].abs().max()))
+    assert checked == sum(len(s.response_token_ids) for s in samples) > 0  # every token, once
     assert max(gaps) < atol, f"log-probs off their own version's by {max(gaps):.3g}"
     assert min(others) > 1e-3, "another version's weights give the same log-probs: a void check"
 

@@ -18,7 +18,8 @@ import pytest
 from gspo_megatron.data.records import PromptRecord
 from gspo_megatron.data.sampler import PromptSampler
 from gspo_megatron.rollout.types import Sample, SamplingParams
-from gspo_megatron.trainer.async_generator import AsyncGenerator, GeneratorFailed, group_seed
+from gspo_megatron.trainer.async_generator import (AsyncGenerator, FinishedGroup,
+                                                     GeneratorFailed, group_seed)
 
 N = 2
 
@@ -83,14 +84,19 @@ def wait_for(cond, timeout=10.0):
 
 def test_admission_stops_at_k_plus_one_batches_and_the_in_flight_cap():
     engine = ScriptedEngine()
+    engine.gate.clear()  # the engine holds every request: concurrency builds up to the cap
     gen = make(engine, k=2, per_step=3, in_flight=4)
     try:
         gen.start()
+        wait_for(lambda: engine.running == 4)
+        time.sleep(0.3)  # a fifth would have been sent by now
+        assert engine.running == 4 and gen.gauges()["in_flight_groups"] == 4
+        engine.gate.set()
         # nobody takes: (k + 1) * B = 9 groups are admitted, then admission waits
         wait_for(lambda: gen.gauges()["buffer_groups"] == 9)
         time.sleep(0.3)
         assert gen.gauges()["buffer_groups"] == 9 and gen.gauges()["in_flight_groups"] == 0
-        assert engine.max_running <= 4
+        assert engine.max_running == 4
         groups, _ = gen.take(lambda v: 0)
         assert len({g.index for g in groups}) == 3 and all(g.index < 9 for g in groups)
         time.sleep(0.3)  # no room until the weights after this batch's update are synced
@@ -252,6 +258,85 @@ def test_a_slow_group_at_its_last_chance_is_waited_for_not_dropped():
     finally:
         slow.set()
         gen.close()
+
+
+class DueNowOnly(AsyncGenerator):
+    """The rule before issue 51: wait only for the groups whose last chance is this step."""
+
+    def _short_of(self, lag_of):
+        return sum(1 for v in self._admitted_at.values()
+                   if v is not None and lag_of(v) >= self.max_staleness)
+
+
+@pytest.mark.parametrize("rule, dropped", [(AsyncGenerator, 0), (DueNowOnly, 2)],
+                         ids=["earliest_deadline_first", "broken_due_now_only"])
+def test_a_slow_cohort_larger_than_a_batch_is_waited_for_a_step_ahead(rule, dropped):
+    """Issue 51 item 2: k = 2, B = 2, and the four slowest of the six groups admitted at
+    start-up (one version) outnumber a batch. At step 2 two of them must be taken, or at step 3
+    four are due at once and two are dropped: earliest deadline first waits for them at step 2;
+    the old rule (the broken variant) takes the younger finished groups and drops two."""
+    engine = ScriptedEngine()
+    slow = threading.Event()
+    engine.hold = {f"p00{i}": slow for i in range(4)}
+    sampler = PromptSampler(records(40), seed=0, shuffle=False)
+    gen = rule(engine, sampler, lambda samples, record: [float(s.sample_index) for s in samples],
+               SamplingParams(max_new_tokens=4), n=N, groups_per_step=2, max_staleness=2,
+               groups_in_flight=6, run_seed=3, advantage_mode="group_norm", advantage_eps=1e-6,
+               drop_zero_variance=False, wait_timeout_s=10.0)
+    trained = {"steps": 0}
+    lag_of = lambda v: trained["steps"] - v  # noqa: E731  (version = RL step here)
+    taken: List[List[str]] = []
+
+    def step(n: int) -> None:
+        trained["steps"] = n - 1
+        done = {}
+        waiter = threading.Thread(target=lambda: done.setdefault("groups", gen.take(lag_of)[0]))
+        waiter.start()
+        waiter.join(timeout=0.5)
+        if waiter.is_alive():  # waiting for the slow cohort: let it finish
+            taken.append(["waited"])
+            slow.set()
+            waiter.join(timeout=10)
+        taken.append(sorted(g.record.prompt_id for g in done["groups"]))
+        engine.version = n
+        gen.synced(n)
+
+    try:
+        gen.synced(0)
+        gen.start()
+        wait_for(lambda: gen.gauges()["buffer_groups"] == 2)  # p004, p005; p000-p003 held
+        for n in (1, 2, 3, 4):
+            step(n)
+        slow_taken = [p for batch in taken for p in batch if p < "p004"]
+        assert gen.gauges()["dropped_stale_groups"] == dropped
+        assert taken[0] == ["p004", "p005"]
+        if dropped == 0:
+            assert taken[1] == ["waited"] and all(p < "p004" for p in taken[2])  # 2 of the 4
+            assert sorted(slow_taken) == ["p000", "p001", "p002", "p003"]
+        else:
+            assert len(slow_taken) == 2
+    finally:
+        slow.set()
+        gen.close()
+
+
+@pytest.mark.parametrize("finished, in_flight, short", [
+    ([2, 2], [1, 1, 1, 1], 2),        # the slow cohort: two of it belong in this batch
+    ([1, 2, 2], [1, 2, 2, 2, 2, 2], 0),  # B = 3 below: the slow group can wait a step
+    ([0, 0, 0], [0], 0),              # more due now than a batch: the batch is full of them
+    ([2, 2], [0], 1),                 # the last chance of a group in flight: wait for it
+    ([], [], 0),
+])
+def test_the_shortfall_counts_what_the_next_steps_cannot_take(finished, in_flight, short):
+    """``_short_of`` on hand-made states (slack = k - lag; here a version is its lag): the
+    groups of this batch that must come from those still generating."""
+    per_step = 3 if len(in_flight) == 6 else 2
+    gen = make(ScriptedEngine(), k=2, per_step=per_step, in_flight=8)
+    k = gen.max_staleness
+    gen._buffer = [FinishedGroup(i, records(1)[0], [], [], [], k - d)
+                   for i, d in enumerate(finished)]
+    gen._admitted_at = {100 + i: k - d for i, d in enumerate(in_flight)}
+    assert gen._short_of(lambda v: v) == short
 
 
 def test_groups_of_a_dropped_step_are_put_back_first_in_line():

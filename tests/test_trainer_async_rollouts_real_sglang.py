@@ -23,17 +23,18 @@ from tests.real_sglang import SGLANG_PYTHON, RealServer
 
 REPO = Path(__file__).resolve().parents[1]
 K = 2
+NUM_TRAIN = 400
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
+def assets(tmp_path_factory):  # NUM_TRAIN distinct prompts: one epoch outlasts every run
     from gspo_megatron.tiny_task.assets import make_tiny_assets
     from gspo_megatron.tiny_task.task import AdditionTaskConfig
 
     out = tmp_path_factory.mktemp("tiny_assets")
-    return make_tiny_assets(out, task=AdditionTaskConfig(num_train=400, num_eval=16))
+    return make_tiny_assets(out, task=AdditionTaskConfig(num_train=NUM_TRAIN, num_eval=16))
 
 
 def _command(assets, run_dir: Path, address: str, num_steps: int) -> list:
@@ -45,7 +46,7 @@ def _command(assets, run_dir: Path, address: str, num_steps: int) -> list:
             "trainer.num_sft_steps=20", "trainer.sft_batch_size=16", "trainer.eval_every_steps=0",
             f"trainer.num_steps={num_steps}", "checkpoint.save_every_steps=2",
             "checkpoint.keep_last=10",
-            "algo.old_logprob_source=learner", "algo.tis.enabled=true", "algo.tis.level=sequence",
+            "algo.old_logprob_source=learner", "algo.tis.mode=truncate", "algo.tis.level=sequence",
             f"rollout.max_staleness={K}", "rollout.engine=sglang", "rollout.mode=disaggregated",
             "rollout.sglang.device=cpu", f"rollout.sglang.python={SGLANG_PYTHON}",
             f"rollout.sglang.server_addresses=[{address}]", "rollout.sglang.health_timeout_s=240",
@@ -74,6 +75,10 @@ def _audit(run_dir: Path) -> Counter:
     twice = {i: f for i, f in seen.items() if len(f) > 1}
     assert not twice, f"groups named more than once: {twice}"
     assert sorted(seen) == list(range(len(seen))), "an admitted group is missing from the ledger"
+    # By prompt too (fewer groups than the data set's prompts, so one epoch): a restore that
+    # drew trained prompts again under new admission indices would pass the check above.
+    prompts = [p for fates_of in seen.values() for _, p in fates_of]
+    assert len(seen) < NUM_TRAIN and len(set(prompts)) == len(prompts), "a prompt came back"
     return fates
 
 
@@ -116,6 +121,7 @@ def test_killed_after_a_checkpoint_with_groups_in_flight_resumes_without_repeati
     saved = torch.load(run_dir / "checkpoints" / "step_000002" / "common.pt",
                        weights_only=False)["extra"]["pending_rollout"]["async"]
     in_flight = {int(i) for i, _ in saved["in_flight"]}
+    assert in_flight, "nothing was in flight at the checkpoint: the resume's path went untested"
     assert rows[3]["async/discarded_in_flight_groups"] == len(in_flight)
     taken_after = {i for r in read_ledger(run_dir / LEDGER_FILE) if r["step"] > 2
                    for i, _, _ in r.get("taken", [])}

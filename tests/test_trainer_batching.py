@@ -61,3 +61,27 @@ def test_rollout_batch_carries_lags_through_mini_batches():
     picked = take_sequences(batch, [3, 0])
     assert [t.tolist() for t in picked.token_lags] == [[1] * 5, [0, 0]]
     assert picked.advantages == [0.0, 1.0] and picked.rollout_logprobs[0].numel() == 5
+
+
+def test_an_engine_without_a_log_prob_per_token_is_named_before_the_loss():
+    """Issue 51, bad input: a correction (or pi_old = the engine's) needs one finite log-prob per
+    response token; a short or non-finite list is refused with the sample's key, not a shape
+    error deep in the loss."""
+    from gspo_megatron.rollout.types import MalformedLogprobs
+
+    short = _sample(0, [1, 1, 1])
+    short.response_logprobs = []
+    rollout = ScoredRollout(samples=[_sample(1, [1, 1]), short], rewards=[0.0, 1.0],
+                            advantages=[0.0, 0.0])
+    with pytest.raises(MalformedLogprobs, match=r"sample \('p', 0\): the engine returned 0 "
+                                                r"log-probs for 3 response tokens") as refused:
+        rollout_to_sequence_batch(rollout)
+    import logging
+
+    from gspo_megatron.cli.train import EXIT_ROLLOUT, _exit_code
+    assert _exit_code(refused.value, None, logging.getLogger("test")) == EXIT_ROLLOUT
+    nan = _sample(2, [1, 1, 1])
+    nan.response_logprobs = [-0.1, float("nan"), float("-inf")]
+    with pytest.raises(MalformedLogprobs, match=r"sample \('p', 2\): the engine's log-prob of "
+                                                r"response token 1 is nan \(2 not finite\)"):
+        rollout_to_sequence_batch(ScoredRollout(samples=[nan], rewards=[0.0], advantages=[0.0]))

@@ -87,7 +87,7 @@ def test_loop_single_process(assets, tmp_path, algo, source):
 @pytest.mark.slow
 @pytest.mark.parametrize("layout, algo, source", [
     (["parallel.tp=2", "parallel.sp=true", "algo.routing_replay=rollout"], "gspo", "learner"),
-    (["parallel.ep=2", "algo.tis.enabled=true", "algo.routing_replay=learner"], "grpo", "learner"),
+    (["parallel.ep=2", "algo.tis.mode=truncate", "algo.routing_replay=learner"], "grpo", "learner"),
 ], ids=["tp2_sp_gspo_learner_r3", "ep2_grpo_learner_tis_routing_replay"])
 def test_loop_two_gloo_ranks(assets, tmp_path, layout, algo, source):
     extra = [*layout, f"algo.loss={algo}", f"algo.old_logprob_source={source}", "trainer.num_steps=2"]
@@ -103,12 +103,42 @@ def test_loop_two_gloo_ranks(assets, tmp_path, layout, algo, source):
 
 
 @pytest.mark.slow
+def test_a_mask_that_drops_every_sequence_skips_the_update_and_counts_it(assets, tmp_path):
+    """Issue 51, bad input: ``algo.tis.mode=mask`` with a band so narrow that every sequence of
+    a bf16 engine (a real mismatch with the fp32 learner) falls outside it. Each mini-batch's
+    update is skipped and counted (``train/masked_out_mini_batches``), not trained on a zero
+    gradient nor turned into a NaN: without SFT steps the learner never steps, so the exported
+    policy is the initial one, bit for bit."""
+    extra = ["algo.old_logprob_source=learner", "algo.tis.mode=mask", "algo.tis.level=sequence",
+             "algo.tis.cap=1.0000001", "rollout.embedded_dtype=bf16", "trainer.num_sft_steps=0",
+             "trainer.num_steps=2", "logging.plot=false"]
+    assert _train(0, _overrides(assets, tmp_path, *extra))["code"] == 0
+    rows = _rows(tmp_path)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for row in rows[1:]:
+        assert row["train/masked_out_mini_batches"] == 2.0  # batch.num_mini_batches=2
+        assert not any(k.startswith("train/") and k != "train/masked_out_mini_batches"
+                       for k in row)
+        assert all(v == v for v in row.values() if isinstance(v, float))  # no NaN anywhere
+    saved = (tmp_path / "config.yaml").read_text()
+    assert "mode: mask" in saved and "cap: 1.0000001" in saved
+    from safetensors.torch import load_file
+
+    start = load_file(str(assets.model_dir / "model.safetensors"))
+    (exported,) = [load_file(str(f)) for f in (tmp_path / "hf_export").glob("*.safetensors")]
+    assert exported.keys() == start.keys()
+    for name, weight in exported.items():  # no optimizer step moved a weight
+        assert torch.equal(weight, start[name].to(weight.dtype)), name
+
+
+@pytest.mark.slow
 def test_overlap_trains_one_step_off_policy(assets, tmp_path):
     """Step k+1 is generated while step k trains: from step 2 on the samples are one update old.
     The learner recomputes their log-probs under the generating weights (equal to the engine's),
     and the ratio of the first (here: only) mini-batch shows the one-step policy change."""
     extra = ["rollout.overlap_one_step=true", "algo.old_logprob_source=learner",
-             "algo.tis.enabled=true", "batch.num_mini_batches=1", "algo.entropy_coef=0.1",
+             "algo.tis.mode=truncate", "algo.tis.level=token", "batch.num_mini_batches=1",
+             "algo.entropy_coef=0.1",
              "optimizer.lr=0.01", "optimizer.warmup_steps=0", "trainer.num_steps=3",
              "trainer.eval_every_steps=2"]
     assert _train(0, _overrides(assets, tmp_path, *extra))["code"] == 0
@@ -151,11 +181,12 @@ def test_max_staleness_0_and_1_are_the_on_policy_and_one_step_runs(assets, tmp_p
 def test_max_staleness_2_on_two_gloo_ranks_with_a_reference_server(assets, tmp_path):
     """k = 2 with a TP=2 learner: the main rank's generator feeds both ranks (broadcast), the
     proximal pass and the update are collective, a checkpoint holds the main rank's state on
-    every rank, and no step trains a token more than 2 steps after its weights."""
+    every rank, and no step trains a token more than 2 steps after its weights. ``algo.tis`` is
+    left at its default: at k = 2 that is the sequence-level behaviour weight (issue 51)."""
     from gspo_megatron.distributed.ports import free_port
 
     extra = ["parallel.tp=2", "parallel.sp=true", "algo.old_logprob_source=learner",
-             "algo.tis.enabled=true", "algo.tis.level=sequence", "trainer.num_steps=4",
+             "trainer.num_steps=4",
              "rollout.engine=reference", "rollout.mode=disaggregated", "rollout.max_staleness=2",
              f"rollout.sglang.port={free_port()}", "rollout.sglang.health_timeout_s=300",
              "checkpoint.save_every_steps=2"]
@@ -166,6 +197,19 @@ def test_max_staleness_2_on_two_gloo_ranks_with_a_reference_server(assets, tmp_p
     assert [r["rollout/policy_lag_steps"] <= 2 for r in rows[1:]] == [True] * 4
     assert max(r["async/lag_mean"] for r in rows[1:]) > 0  # it did train on stale samples
     assert (tmp_path / "async_groups.jsonl").is_file()
+    # The periodic save of step 2 holds the generator's state as the ledger saw it then: every
+    # group admitted by then was taken (steps 1-2), dropped, buffered or in flight, once.
+    from gspo_megatron.trainer.async_ledger import read_ledger
+
+    saved = torch.load(tmp_path / "checkpoints" / "step_000002" / "common.pt",
+                       weights_only=False)["extra"]["pending_rollout"]["async"]
+    ledger = [r for r in read_ledger(tmp_path / "async_groups.jsonl") if r["step"] <= 2]
+    named = [i for r in ledger for i, *_ in r.get("taken", []) + r.get("dropped", [])]
+    named += [int(g["index"]) for g in saved["buffer"]] + [int(i) for i, _ in saved["in_flight"]]
+    assert sorted(named) == list(range(saved["admitted"])) and saved["admitted"] >= 2 * 4
+    assert all("train/tis_weight_mean" in r and "train/tis_truncated_frac" in r for r in rows[1:])
+    saved = (tmp_path / "config.yaml").read_text()
+    assert "mode: truncate" in saved and "level: sequence" in saved  # what ran, not "auto"
 
 
 def _spawn(assets, run_dir: Path, *extra: str, env_extra=None) -> subprocess.Popen:

@@ -126,3 +126,24 @@ def test_a_batch_without_any_signal_is_an_error_naming_the_switch():
     with pytest.raises(RuntimeError, match="disable algo.dynamic_sampling"):
         collect_rollout(_Sampler(6), _Engine(), _Scorer(flat), _Tokenizer(),
                         _cfg(True, max_rounds=1), step=0)
+
+
+class _WrappingSampler(_Sampler):
+    """Starts over at the end of its records (a new epoch), so a prompt can come back."""
+
+    def next_batch(self, k: int) -> List[PromptRecord]:
+        out = [self.records[(self.cursor + i) % len(self.records)] for i in range(k)]
+        self.cursor += k
+        return out
+
+
+def test_a_prompt_drawn_twice_in_a_step_keeps_both_groups_rewards():
+    """Issue 51: ``group_rewards`` was keyed by prompt id with the last group's rewards, so the
+    query-set refresh judged a prompt drawn twice (dynamic sampling's rounds across an epoch's
+    end) by one group. p1 is drawn in both rounds: all four of its rewards are kept."""
+    engine, sampler = _Engine(), _WrappingSampler(3)
+    out = collect_rollout(sampler, engine, _Scorer(REWARDS), _Tokenizer(), _cfg(True), step=1)
+    # rounds: p0 (flat) p1 p2 (flat) | p0 (flat) p1 | p2 (flat) | p0 (flat): draws 0..6
+    assert sampler.cursor == 7 and [s.prompt_id for s in out.samples[::N]] == ["p1", "p1"]
+    assert out.group_rewards["p1"] == [0.0, 1.0, 0.0, 1.0]
+    assert out.group_rewards["p0"] == [1.0] * 6 and out.group_rewards["p2"] == [0.0] * 4

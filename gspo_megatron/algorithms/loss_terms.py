@@ -12,6 +12,7 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from gspo_megatron.algorithms import correction
 from gspo_megatron.algorithms.lag_diagnostics import lag_clip_metrics
 from gspo_megatron.algorithms.length_diagnostics import length_diagnostics
 from gspo_megatron.algorithms.logprobs import sequence_sums
@@ -58,10 +59,15 @@ def validate_inputs(inputs: PolicyLossInputs, cfg) -> None:
         raise ValueError("algo.kl_coef > 0 needs PolicyLossInputs.ref_logprobs")
     if cfg.entropy_coef > 0 and inputs.entropy is None:
         raise ValueError("algo.entropy_coef > 0 needs PolicyLossInputs.entropy")
-    if cfg.tis.enabled and inputs.rollout_logprobs is None:
-        raise ValueError("algo.tis.enabled needs PolicyLossInputs.rollout_logprobs")
-    if cfg.tis.enabled and cfg.tis.level not in ("token", "sequence"):
-        raise ValueError(f"algo.tis.level={cfg.tis.level!r}; expected 'token' or 'sequence'")
+    if cfg.tis.mode not in ("off", "truncate", "mask") or (
+            cfg.tis.mode != "off" and cfg.tis.level not in ("token", "sequence")):
+        raise ValueError(f"algo.tis.mode={cfg.tis.mode!r}, algo.tis.level={cfg.tis.level!r}: "
+                         "expected off / truncate / mask and token / sequence (an 'auto' is "
+                         "resolved against the run's rollout.max_staleness when the config is "
+                         "loaded: config.schema.resolve_correction)")
+    if cfg.tis.mode != "off" and inputs.rollout_logprobs is None:
+        raise ValueError(f"algo.tis.mode={cfg.tis.mode} needs PolicyLossInputs.rollout_logprobs "
+                         "(the engine's log-probs of the sampled tokens)")
 
 
 def _check_counts(inputs: PolicyLossInputs) -> None:
@@ -99,6 +105,16 @@ def seq_mean(values: torch.Tensor, inputs: PolicyLossInputs, over_cp: bool = Tru
     return sums / inputs.seq_token_counts.to(sums.dtype)
 
 
+def sequence_max(values: torch.Tensor, inputs: PolicyLossInputs) -> torch.Tensor:
+    """``[num_seqs]`` per-sequence max of non-negative per-token ``values`` (detached; a
+    sequence without tokens here gives 0), over the CP group."""
+    out = torch.zeros(inputs.num_seqs, dtype=values.dtype, device=values.device)
+    out = out.scatter_reduce(0, inputs.seq_index, values.detach(), reduce="amax")
+    if cp_size(inputs) > 1:
+        dist.all_reduce(out, op=dist.ReduceOp.MAX, group=inputs.cp_group)
+    return out
+
+
 def sequence_advantages(inputs: PolicyLossInputs) -> torch.Tensor:
     """``[num_seqs]`` advantage of each sequence; refuses per-token advantages (use gspo_token)."""
     adv = seq_mean(inputs.advantages.detach(), inputs)
@@ -111,24 +127,29 @@ def sequence_advantages(inputs: PolicyLossInputs) -> torch.Tensor:
 
 
 def tis_weights(inputs: PolicyLossInputs, cfg) -> Tuple[Optional[torch.Tensor], Metrics]:
-    """Truncated IS weights ``min(pi_old / pi_rollout, C)`` per token (detached), or None.
+    """The importance correction's weight per token (detached; ``algorithms/correction.py``),
+    or None when ``algo.tis.mode=off``.
 
     Sequence level uses the length-normalised ratio ``exp(mean_t(old - rollout))`` (as GSPO's
-    Eq. 7 does): ``exp(sum)`` would collapse toward 0 or explode on long responses.
+    Eq. 7 does): ``exp(sum)`` would collapse toward 0 or explode on long responses, and its
+    metrics are means over sequences (each sequence once, whatever its length).
     With stale rollouts ``old`` is the proximal policy and ``rollout`` the behaviour policy (each
     token's own weight version), and this is the decoupled objective's behaviour weight
     (``docs/algorithms.md``, "Stale rollouts").
     """
-    if not cfg.tis.enabled:
+    if cfg.tis.mode == "off":
         return None, {}
     delta = (inputs.old_logprobs - inputs.rollout_logprobs).detach().float()
     if cfg.tis.level == "sequence":
-        raw = torch.exp(seq_mean(delta, inputs))[inputs.seq_index]
+        per_seq, bitten = correction.weigh(torch.exp(seq_mean(delta, inputs)), cfg.tis.mode,
+                                           cfg.tis.cap)
+        weights = per_seq[inputs.seq_index]
+        reported = per_seq  # every CP rank holds the same [num_seqs] values: the mean is kept
     else:
-        raw = torch.exp(delta)
-    weights = torch.clamp(raw, max=cfg.tis.cap)
-    return weights, {"tis_weight_mean": metric_mean(weights),
-                     "tis_truncated_frac": metric_mean((raw > cfg.tis.cap).double())}
+        weights, bitten = correction.weigh(torch.exp(delta), cfg.tis.mode, cfg.tis.cap)
+        reported = weights
+    name = "tis_truncated_frac" if cfg.tis.mode == "truncate" else "tis_masked_frac"
+    return weights, {"tis_weight_mean": metric_mean(reported), name: metric_mean(bitten.double())}
 
 
 def k3(log_ratio: torch.Tensor) -> torch.Tensor:
@@ -152,7 +173,13 @@ def common_metrics(inputs: PolicyLossInputs) -> Metrics:
     ``approx_kl`` estimates KL(pi_old || pi_theta) per token from tokens sampled by pi_old:
     k3 with ``log(pi_theta / pi_old)``, i.e. ``exp(l) - 1 - l`` (unbiased, >= 0).
     The mismatch compares the learner's ``old_logprobs`` with the engine's ``rollout_logprobs``
-    (same weights, different engines) per token and per sequence (mean log-ratio).
+    (``delta_t = old_t - rollout_t``; on-policy the same weights in two engines, with stale
+    rollouts also the lag) per token and per sequence: ``|delta|`` (token mean and max), the
+    sequence's ``|mean_t delta_t|`` (mean and max over sequences), the per-sequence mean and max
+    of ``|delta_t|`` averaged over sequences (verl's diagnostics), and two estimates from the
+    engine's samples: ``mismatch_kl``, k3 of KL(pi_rollout || pi_old) per token, and
+    ``mismatch_chi2_token`` / ``mismatch_chi2_seq``, ``E[(r - 1)^2]`` of the token ratio and of
+    the length-normalised sequence ratio (the variance an importance weight adds).
     """
     log_ratio = (inputs.logprobs - inputs.old_logprobs).detach()
     out: Metrics = {"approx_kl": metric_mean(k3(log_ratio))}
@@ -162,11 +189,18 @@ def common_metrics(inputs: PolicyLossInputs) -> Metrics:
         out["kl_ref"] = metric_mean(k3(inputs.ref_logprobs - inputs.logprobs.detach()))
     if inputs.rollout_logprobs is not None:
         delta = (inputs.old_logprobs - inputs.rollout_logprobs).detach().float()
-        per_seq = seq_mean(delta, inputs).abs()
+        seq_delta = seq_mean(delta, inputs)
+        per_seq = seq_delta.abs()
         out.update(mismatch_token_abs_mean=metric_mean(delta.abs()),
                    mismatch_token_abs_max=metric_max(delta.abs()),
                    mismatch_seq_abs_mean=metric_mean(per_seq),
-                   mismatch_seq_abs_max=metric_max(per_seq))
+                   mismatch_seq_abs_max=metric_max(per_seq),
+                   mismatch_seq_token_abs_mean=metric_mean(seq_mean(delta.abs(), inputs)),
+                   mismatch_seq_token_abs_max_mean=metric_mean(
+                       sequence_max(delta.abs(), inputs)),
+                   mismatch_kl=metric_mean(k3(delta)),
+                   mismatch_chi2_token=metric_mean(torch.expm1(delta) ** 2),
+                   mismatch_chi2_seq=metric_mean(torch.expm1(seq_delta) ** 2))
     return out
 
 

@@ -22,8 +22,10 @@ Notation: G sequences (``global_num_seqs``), response y_i of |y_i| tokens, per-t
   advantages and old log-probs are ignored, and the loop scores it at temperature 1.0.
 
 Options for the policy losses: a k3 KL penalty to the reference policy (``kl_coef``), an entropy bonus
-(``entropy_coef``), both aggregated like the policy term, and truncated importance sampling
-``min(pi_old / pi_rollout, C)`` (``tis``) multiplying the policy term's gradient of each token.
+(``entropy_coef``), both aggregated like the policy term, and the importance correction against
+the engine (``tis``: ``min(r, C)`` truncated, or ``r`` masked to ``[1/C, C]``, with
+``r = pi_old / pi_rollout`` per token or per sequence, ``algorithms/correction.py``) multiplying
+the policy term's gradient of each token.
 
 Stale rollouts (``rollout.max_staleness``): ``old_logprobs`` are the proximal policy's (the
 learner's weights before this update) and ``rollout_logprobs`` the behaviour policy's (each token's

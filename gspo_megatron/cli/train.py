@@ -159,6 +159,7 @@ def _exit_code(exc: BaseException, run_dir: Path, log: logging.Logger) -> Option
     from gspo_megatron.rewards.registry import RewardLookupError
     from gspo_megatron.rollout.sglang.server_keys import KeyFileError
     from gspo_megatron.rollout.routed_experts import MalformedRouting
+    from gspo_megatron.rollout.types import MalformedLogprobs
     from gspo_megatron.rollout.sglang.server_pool import NoLiveServer
     from gspo_megatron.rollout.sglang.client import ServerAuthError
     from gspo_megatron.rollout.sglang.engine import SampleFailed, ServerSetupError
@@ -171,7 +172,7 @@ def _exit_code(exc: BaseException, run_dir: Path, log: logging.Logger) -> Option
     if isinstance(exc, bad_input):
         code, message = EXIT_CONFIG, str(exc)
     elif isinstance(exc, (WeightsDidNotArrive, SampleFailed, NoLiveServer, BucketFailed,
-                          MalformedRouting)):
+                          MalformedRouting, MalformedLogprobs)):
         code, message = EXIT_ROLLOUT, f"rollout servers: {exc}"
     elif isinstance(exc, NonFiniteTrainingError):
         code, message = EXIT_NONFINITE, str(exc)

@@ -17,7 +17,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from gspo_megatron.config.schema import GSPOConfig
+from gspo_megatron.config.schema import GSPOConfig, resolve_correction
 from gspo_megatron.config.validate import ConfigError, validate_config
 
 DEFAULTS_KEY = "defaults"
@@ -101,6 +101,7 @@ def load_config(
         for file_path, body in _file_chain(Path(path)):
             cfg = _merge(cfg, body, str(file_path))
     cfg = apply_overrides(cfg, overrides)
+    resolve_correction(cfg)  # algo.tis "auto": what it means for this run, named in config.yaml
     if validate:
         validate_config(cfg, world_size=world_size)
     return cfg  # type: ignore[return-value]

@@ -9,7 +9,7 @@ merged onto it, so an unknown key or a value of the wrong type is rejected at lo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 
 @dataclass
@@ -169,17 +169,23 @@ class DynamicSamplingConfig:
 
 @dataclass
 class TISConfig:
-    """Truncated importance sampling against the rollout engine's log-probs. With stale rollouts
-    (``rollout.max_staleness``) it is the decoupled objective's behaviour weight
-    ``min(pi_prox / pi_behaviour, C)``; disabled, the uncorrected ablation
-    (``docs/algorithms.md``, "Stale rollouts")."""
+    """The importance correction against the rollout engine's log-probs, per token or per
+    sequence, with ``r = pi_old / pi_rollout`` (``algorithms/correction.py``). On-policy it
+    corrects the engine / learner mismatch; with stale rollouts (``rollout.max_staleness >= 2``)
+    ``pi_old`` is the proximal policy and ``r`` the decoupled objective's behaviour weight
+    (``docs/algorithms.md``, "Stale rollouts" and "Mismatch corrections")."""
 
-    enabled: bool = False
-    level: str = "token"
-    """``token`` or ``sequence``."""
+    mode: str = "auto"
+    """``truncate``: weight ``min(r, C)``; ``mask``: weight ``r`` inside ``[1/C, C]``, 0 outside
+    (the token or sequence is dropped); ``off``: no weight (under staleness the uncorrected
+    ablation, asked for by name); ``auto``: ``truncate`` under ``rollout.max_staleness >= 2``,
+    ``off`` otherwise (resolved when the config is loaded: ``resolve_correction``)."""
+    level: str = "auto"
+    """``token`` or ``sequence`` (the length-normalised ``r_i = exp(mean_t(old_t - rollout_t))``,
+    on the scale of GSPO's ``s_i``); ``auto``: ``sequence`` for ``gspo`` / ``gspo_token``,
+    ``token`` for ``grpo``."""
     cap: float = 2.0
-    """C in ``min(pi_old / pi_rollout, C)``; ``sequence`` level uses the length-normalised ratio
-    ``exp(mean_t(old_t - rollout_t))``."""
+    """C: the truncation cap (>= 1), or the mask's band ``[1/C, C]`` (> 1)."""
 
 
 @dataclass
@@ -251,6 +257,31 @@ def rollout_staleness(rollout) -> int:
     """``rollout.max_staleness`` with the old ``overlap_one_step`` alias applied (true: 1)."""
     k = int(rollout.max_staleness)
     return 1 if rollout.overlap_one_step and k == 0 else k
+
+
+CORRECTION_MODES = ("off", "truncate", "mask")
+CORRECTION_LEVELS = ("token", "sequence")
+
+
+def correction_of(cfg) -> Tuple[str, str]:
+    """``(mode, level)`` of ``algo.tis`` for this run, ``auto`` replaced by what it means (see
+    :class:`TISConfig`); any other value as given, for validation to refuse."""
+    tis = cfg.algo.tis
+    mode, level = tis.mode, tis.level
+    if str(mode).lower() == "false":  # YAML reads a bare ``off`` as the boolean false
+        mode = "off"
+    if mode == "auto":  # (the rollout source at k >= 2 is refused by validation on its own)
+        stale = rollout_staleness(cfg.rollout) >= 2
+        mode = "truncate" if stale and cfg.algo.old_logprob_source == "learner" else "off"
+    if level == "auto":
+        level = "token" if cfg.algo.loss == "grpo" else "sequence"
+    return mode, level
+
+
+def resolve_correction(cfg) -> None:
+    """Write :func:`correction_of` into ``cfg.algo.tis``, in place, so that the losses, the
+    saved ``config.yaml`` and the log all name what runs."""
+    cfg.algo.tis.mode, cfg.algo.tis.level = correction_of(cfg)
 
 
 def routing_replay_mode(algo) -> str:

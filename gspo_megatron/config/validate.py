@@ -15,8 +15,9 @@ from gspo_megatron.config.errors import ConfigError  # noqa: F401  (re-exported)
 from gspo_megatron.config.allocation import allocation_problems, fleet_problems
 from gspo_megatron.config.freeze import freeze_problems
 from gspo_megatron.config.sequence_padding import FP8_RECIPES, pad_multiple_for, round_up
-from gspo_megatron.config.schema import (EMBEDDED_DTYPES, ROUTING_REPLAY_MODES,
-                                         rollout_staleness, routing_replay_mode)
+from gspo_megatron.config.schema import (CORRECTION_LEVELS, CORRECTION_MODES, EMBEDDED_DTYPES,
+                                         ROUTING_REPLAY_MODES, correction_of, rollout_staleness,
+                                         routing_replay_mode)
 
 SGLANG_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 """``--dtype`` choices of sglang 0.5.23 (``srt/arg_groups/fields/model.py``)."""
@@ -36,7 +37,7 @@ CHOICES = {
     "algo.advantage": ("group_norm", "group_mean"),
     "algo.grpo_aggregation": ("token_mean", "seq_mean_token_mean"),
     "algo.old_logprob_source": ("learner", "rollout"),
-    "algo.tis.level": ("token", "sequence"),
+    "algo.tis.level": ("auto", *CORRECTION_LEVELS),
     "rollout.engine": ("embedded", "sglang", "reference"),
     "rollout.mode": ("colocated", "disaggregated"),
     "rollout.sglang.device": ("cuda", "cpu"),
@@ -215,11 +216,13 @@ def _check_optimizer_memory_options(cfg, check) -> None:
 def _check_paper_experiments(cfg, check) -> None:
     """Routing replay, TIS and the diagnostics: combinations that would not do what they say."""
     a, m = cfg.algo, cfg.model
-    check(not a.tis.enabled or a.old_logprob_source == "learner", "algo.tis.enabled",
-          "TIS weights min(pi_old / pi_rollout, C) need pi_old from the learner; with "
-          "algo.old_logprob_source=rollout pi_old *is* the engine's, every weight would be 1 "
-          "(the ratio already divides by the engine's log-probs): set "
-          "algo.old_logprob_source=learner or disable algo.tis")
+    # auto: off at k <= 1; at k >= 2 _check_async refuses the rollout source itself
+    mode = correction_of(cfg)[0]
+    check(a.tis.mode == "auto" or mode == "off" or a.old_logprob_source == "learner",
+          "algo.tis.mode", f"'{mode}' weighs by r = pi_old / pi_rollout, which needs pi_old from "
+          "the learner; with algo.old_logprob_source=rollout pi_old *is* the engine's, every r "
+          "would be 1 (the ratio already divides by the engine's log-probs): set "
+          "algo.old_logprob_source=learner or algo.tis.mode=off")
     replay = routing_replay_mode(a)
     check(replay in ROUTING_REPLAY_MODES, "algo.routing_replay",
           f"{a.routing_replay!r} is not one of {', '.join(ROUTING_REPLAY_MODES)} (learner: R2, "
@@ -339,6 +342,8 @@ def _check_choices_and_sizes(cfg, check) -> None:
         check(value in allowed, key, f"'{value}' is not one of {', '.join(allowed)}")
     for key in ("tp", "pp", "ep", "etp", "cp"):
         check(getattr(cfg.parallel, key) >= 1, f"parallel.{key}", "must be >= 1")
+    check(correction_of(cfg)[0] in CORRECTION_MODES, "algo.tis.mode",  # a bare off reads false
+          f"'{cfg.algo.tis.mode}' is not one of auto, {', '.join(CORRECTION_MODES)}")
 
 
 def _check_model_layout(cfg, check) -> None:
@@ -429,7 +434,12 @@ def _check_algorithm(cfg, check) -> None:
     check(0.0 <= a.clip_eps_low < 1.0, "algo.clip_eps_low", f"{a.clip_eps_low} must be in [0, 1)")
     check(a.clip_eps_high >= 0.0, "algo.clip_eps_high", f"{a.clip_eps_high} must be >= 0")
     check(a.kl_coef >= 0.0, "algo.kl_coef", "must be >= 0")
-    check(a.tis.cap >= 1.0, "algo.tis.cap", f"{a.tis.cap} must be >= 1")
+    if correction_of(cfg)[0] == "mask":
+        check(a.tis.cap > 1.0, "algo.tis.cap", f"{a.tis.cap} must be > 1 with algo.tis.mode=mask "
+              "(the band [1/C, C] would keep only r = 1 exactly: every token or sequence dropped)")
+    else:
+        check(a.tis.cap >= 1.0, "algo.tis.cap", f"{a.tis.cap} must be >= 1 (truncation at "
+              "min(r, C) below 1 would shrink every weight, even r = 1)")
 
 
 def _check_rollout(cfg, check) -> None:

@@ -111,8 +111,8 @@ def describe_write_failure(exc: BaseException, path: str | Path, what: str) -> s
     for e in _causes(exc):
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
             return f"no space left on {path} while writing {what} ({e.strerror})"
-        if "No space left on device" in str(e):  # errors from native writers (safetensors)
-            return f"no space left on {path} while writing {what} ({_first_line(e)})"
+        if "No space left on device" in str(e):  # native writers (safetensors), DCP's failure map
+            return f"no space left on {path} while writing {what} ({_line_with(e, 'No space')})"
         if isinstance(e, OSError) and e.errno == errno.EDQUOT:
             return f"disk quota exceeded on {path} while writing {what}"
     try:
@@ -124,6 +124,13 @@ def describe_write_failure(exc: BaseException, path: str | Path, what: str) -> s
                 f"the writer reported: {_first_line(_root_cause(exc))})")
     cause = _root_cause(exc)
     return f"writing {what} to {path} failed: {type(cause).__name__}: {_first_line(cause)}"
+
+
+def _line_with(exc: BaseException, words: str) -> str:
+    """The first line of ``str(exc)`` holding ``words`` (a wrapper such as torch's
+    ``CheckpointException`` names its ranks on the first line and the cause further down)."""
+    return next((line.strip() for line in str(exc).splitlines() if words in line),
+                _first_line(exc))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from gspo_megatron.algorithms.metrics import accumulate_metrics, all_reduce_metrics, metrics_to_floats
 from gspo_megatron.algorithms.types import LossOutput, PolicyLossInputs
-from gspo_megatron.config.schema import GSPOConfig
+from gspo_megatron.config.schema import GSPOConfig, resolve_correction
 from gspo_megatron.config.sequence_padding import pad_multiple_for
 from gspo_megatron.distributed.host_heap import trim_host_heap
 from gspo_megatron.learner import checkpointing
@@ -88,6 +88,7 @@ class Learner:
         from megatron.core import parallel_state as ps
 
         self.cfg, self.runtime = cfg, runtime
+        resolve_correction(cfg)  # a config built without load_config: the losses need no "auto"
         self.model_cfg = resolve_model_config(cfg.model)
         self.tf_config = build_transformer_config(self.model_cfg, cfg.parallel)
         self.use_packed_seq = resolve_transformer_impl(self.model_cfg) == "transformer_engine"
@@ -462,6 +463,7 @@ class LogprobLearner(Learner):
         from megatron.core import parallel_state as ps
 
         self.cfg, self.runtime = cfg, runtime
+        resolve_correction(cfg)  # a config built without load_config: the losses need no "auto"
         self.model_cfg = resolve_model_config(cfg.model)
         self.tf_config = build_transformer_config(self.model_cfg, cfg.parallel)
         self.tf_config.perform_initialization = False  # every weight is loaded afterwards

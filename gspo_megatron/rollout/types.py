@@ -104,6 +104,27 @@ class GenerationRequest:
         return [self.sample_index] if self.sample_index is not None else list(range(self.n))
 
 
+class MalformedLogprobs(ValueError):
+    """A sample's engine log-probs are missing, short or not finite; names the sample."""
+
+
+def check_sample_logprobs(sample: "Sample") -> None:
+    """One finite log-prob per response token, or :class:`MalformedLogprobs` naming the sample:
+    the losses read them as pi_rollout (the importance correction's denominator, and pi_old
+    itself under ``algo.old_logprob_source=rollout``)."""
+    got, want = len(sample.response_logprobs), len(sample.response_token_ids)
+    if got != want:
+        raise MalformedLogprobs(f"sample {sample.key}: the engine returned {got} log-probs for "
+                                f"{want} response tokens; every token needs the log-prob it was "
+                                "sampled with (the importance correction and the old policy "
+                                "read them)")
+    bad = [i for i, v in enumerate(sample.response_logprobs) if not math.isfinite(v)]
+    if bad:
+        raise MalformedLogprobs(f"sample {sample.key}: the engine's log-prob of response token "
+                                f"{bad[0]} is {sample.response_logprobs[bad[0]]} ({len(bad)} not "
+                                "finite)")
+
+
 @dataclass
 class Sample:
     """One generated response with the engine's log-probs of its tokens."""

@@ -182,7 +182,7 @@ class AsyncRollouts:
             out.samples.extend(g.samples)
             out.rewards.extend(g.rewards)
             out.advantages.extend(g.advantages)
-            out.group_rewards[g.record.prompt_id] = list(g.rewards)
+            out.group_rewards.setdefault(g.record.prompt_id, []).extend(g.rewards)
             out.token_lags.extend(token_lags(g.samples, self.lag_of))
         out.num_prompts_drawn = len(groups)
         out.metrics = self._metrics(out)

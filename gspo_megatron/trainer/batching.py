@@ -17,7 +17,7 @@ from gspo_megatron.data.sft import build_sft_examples
 from gspo_megatron.learner.batch import SequenceBatch
 from gspo_megatron.learner.routing import moe_routing_layout
 from gspo_megatron.rollout.routed_experts import RoutingShape, check_sample_routing
-from gspo_megatron.rollout.types import Sample
+from gspo_megatron.rollout.types import Sample, check_sample_logprobs
 from gspo_megatron.trainer.rollout_step import ScoredRollout
 
 
@@ -57,6 +57,8 @@ def rollout_to_sequence_batch(rollout: ScoredRollout,
     """Engine log-probs serve as both ``rollout_logprobs`` and the default ``old_logprobs``.
     ``routing_shape`` (R3): every sample's routed experts, checked against it, come along; so do
     the rollout's token lags (asynchronous rollouts, :func:`token_lags`), as int64 tensors."""
+    for s in rollout.samples:
+        check_sample_logprobs(s)  # MalformedLogprobs naming the sample, not a shape error later
     engine_lp = [torch.tensor(s.response_logprobs, dtype=torch.float32) for s in rollout.samples]
     routing = None
     if routing_shape is not None:

@@ -23,8 +23,10 @@ from typing import Any, Dict, Optional
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from gspo_megatron.algorithms.correction import describe as describe_correction
 from gspo_megatron.algorithms.losses import get_policy_loss
 from gspo_megatron.checkpoint.learner_hf import load_hf_into_learner
+from gspo_megatron.config.schema import rollout_staleness
 from gspo_megatron.data.dataset import load_prompt_dataset
 from gspo_megatron.data.sampler import PromptSampler
 from gspo_megatron.learner.learner import Learner
@@ -105,7 +107,6 @@ class TrainerParts:
 def _start_engine(cfg, run_dir: Path):
     """The rollout engine (main rank). Started before the learner is built, so a server fleet or
     the embedded engine's process loads its model meanwhile (its handshake is read at first use)."""
-    from gspo_megatron.config.schema import rollout_staleness
     from gspo_megatron.rollout.factory import build_engine
     from gspo_megatron.rollout.sglang.server_keys import key_file_path
     from gspo_megatron.trainer.batching import rollout_routing_shape
@@ -139,9 +140,22 @@ def _build_weight_sync(parts: TrainerParts, cfg, runtime):
     return LearnerWeightSync(parts.learner, parts.engine, transport, dst, r.weight_sync.bucket_bytes)
 
 
+def _log_correction(cfg) -> None:
+    """Name the importance correction that runs (``algo.tis``, its ``auto`` already resolved
+    when the config was loaded), and warn of a combination the docs advise against."""
+    tis = cfg.algo.tis
+    text, warning = describe_correction(tis.mode, tis.level, tis.cap, cfg.algo.loss,
+                                        rollout_staleness(cfg.rollout))
+    log.info("%s", text)
+    if warning:
+        log.warning("%s", warning)
+
+
 def build_parts(cfg, runtime, preemption: Optional[PreemptionFlag] = None) -> TrainerParts:
     """Construct every part of a run for this process (collective: call on every rank)."""
     check_input_files(cfg)
+    if runtime.is_main:
+        _log_correction(cfg)
     if runtime.is_main and cfg.rollout.engine == "embedded":
         check_hf_weights(cfg)  # the engine loads model.hf_path first
     threads = overlap_thread_tuner(cfg) if runtime.is_main else None

@@ -43,6 +43,7 @@ from typing import Dict, Optional
 import torch
 from tqdm import tqdm
 
+from gspo_megatron.algorithms.correction import kept_fraction
 from gspo_megatron.config.schema import rollout_staleness
 from gspo_megatron.faults import kill_points
 from gspo_megatron.learner.batch import SequenceBatch
@@ -221,9 +222,15 @@ class GSPOTrainer:
         volatility = ExpertVolatilityProbe.start(p.learner, prepared.batch, cfg)
         t2 = time.perf_counter()
         per_mini: Dict[str, list] = {}
+        masked_out = 0
         for mini, routing in zip(prepared.old.mini_batches, prepared.old.routings):
+            if self._masked_out(mini):
+                masked_out += 1
+                continue
             for k, v in p.learner.train_step(mini, p.policy_loss, routing=routing).items():
                 per_mini.setdefault(f"train/{k}", []).append(v)
+        if cfg.algo.tis.mode == "mask":
+            metrics["train/masked_out_mini_batches"] = float(masked_out)
         # Mean over the mini-batches that report a metric (a length bucket may be empty in some).
         metrics.update({k: sum(v) / len(v) for k, v in per_mini.items()})
         metrics["time/update_s"] = time.perf_counter() - t2
@@ -238,6 +245,21 @@ class GSPOTrainer:
         if p.overlap_threads is not None:
             metrics.update(p.overlap_threads.after_step(step, metrics))
         return metrics
+
+    def _masked_out(self, mini) -> bool:
+        """``algo.tis.mode=mask`` dropped every sequence (or token) of ``mini``: its update would
+        have no gradient, and Adam would still move the weights on its momentum, so it is
+        skipped (the same decision on every rank: each holds the whole mini-batch)."""
+        tis = self.cfg.algo.tis
+        if tis.mode != "mask" or kept_fraction(mini.old_logprobs, mini.rollout_logprobs,
+                                               tis.mode, tis.level, tis.cap) > 0.0:
+            return False
+        if self.p.runtime.is_main:
+            log.warning("step %d: algo.tis.mode=mask dropped every %s of a mini-batch (its "
+                        "ratios pi_old / pi_rollout all outside [1/%s, %s]); skipping its update "
+                        "(train/masked_out_mini_batches)", self.step + 1, tis.level, tis.cap,
+                        tis.cap)
+        return True
 
     # ---- the run -------------------------------------------------------------------------
     def _preempted_before_first_step(self) -> bool:

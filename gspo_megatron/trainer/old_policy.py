@@ -59,7 +59,10 @@ def old_policy_pass(learner, batch: SequenceBatch, cfg,
                                            replay=engine_routing[i])
             logprobs = out.logprobs
             routing = out.routing if replay == "learner" else engine_routing[i]
-        if mini.rollout_logprobs is not None:  # same weights, two engines: how far apart
+        # Engine vs learner log-probs: on-policy and one step off (pi_old under the generating
+        # weights) the same weights in two engines; at k >= 2 pi_old is the proximal policy, so
+        # the gap also holds the lag (train/mismatch_* and the lag metrics split it).
+        if mini.rollout_logprobs is not None:
             gaps += [float((a - b).abs().mean()) for a, b in zip(logprobs, mini.rollout_logprobs)]
         out_minis.append(with_old_logprobs(mini, logprobs))
         routings.append(routing)

@@ -31,7 +31,8 @@ class ScoredRollout:
     advantages: List[float] = field(default_factory=list)
     metrics: Dict[str, float] = field(default_factory=dict)
     group_rewards: Dict[str, List[float]] = field(default_factory=dict)
-    """Rewards of every generated group, dropped ones included (for query-set refresh)."""
+    """Rewards of every generated group by prompt, dropped ones included (for query-set
+    refresh); a prompt whose groups appear more than once holds all of their rewards."""
     num_prompts_drawn: int = 0
     """Prompts taken from the sampler (more than the batch when dynamic sampling refilled)."""
     token_lags: Optional[List[List[int]]] = None
@@ -83,7 +84,8 @@ def collect_rollout(sampler, engine, reward_runner, tokenizer, cfg, step: int) -
                                                        cfg.algo)
         all_rewards.extend(rewards.flatten().tolist())
         for g, prompt in enumerate(prompts):
-            out.group_rewards[prompt.prompt_id] = rewards[g].tolist()
+            # a prompt drawn twice in one step keeps both groups' rewards
+            out.group_rewards.setdefault(prompt.prompt_id, []).extend(rewards[g].tolist())
         groups.add([(samples[g * n:(g + 1) * n], rewards[g].tolist(), adv[g].tolist())
                     for g in range(len(prompts))], zero_var)
     for group_samples, group_rewards, group_adv in groups.take():

@@ -160,8 +160,12 @@ CASES: List[BadInput] = [
              "algo.clip_eps_low: 1.5 must be in [0, 1)"),
     BadInput("negative KL coefficient", "train", _train("algo.kl_coef=-1"),
              "algo.kl_coef: must be >= 0"),
-    BadInput("TIS cap below 1", "train", _train("algo.tis.cap=0.5"),
+    BadInput("TIS cap below 1", "train", _train("algo.tis.mode=truncate", "algo.tis.cap=0.5"),
              "algo.tis.cap: 0.5 must be >= 1"),
+    BadInput("mask band of width 0", "train", _train("algo.tis.mode=mask", "algo.tis.cap=1"),
+             "algo.tis.cap: 1.0 must be > 1 with algo.tis.mode=mask"),
+    BadInput("unknown correction mode", "train", _train("algo.tis.mode=clip"),
+             "algo.tis.mode: 'clip' is not one of auto, off, truncate, mask"),
     BadInput("unknown routing replay mode", "train", _train("algo.routing_replay=engine"),
              "algo.routing_replay: 'engine' is not one of off, learner, rollout (learner: R2, the "
              "learner's old-policy routing; rollout: R3, the engine's routing)"),
