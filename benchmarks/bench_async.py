@@ -3,6 +3,7 @@
 
     make sglang-venv && .venv/bin/python benchmarks/bench_async.py speed  [--ks 0 1 2 4] [--num-steps 12]
     .venv/bin/python benchmarks/bench_async.py parity [--seeds 1 2 3] [--num-steps 40]
+    .venv/bin/python benchmarks/bench_async.py lengths [--seeds 1 2 3] [--num-steps 12]
     .venv/bin/python benchmarks/bench_async.py doc      # docs/async_rollouts.md from the results
 
 **speed**: for each workload (``uniform``: the tiny addition task, responses of 2-4 tokens;
@@ -21,6 +22,16 @@ the mean per step of the rollout wait, the old-log-prob pass, the update and the
 **parity**: held-out accuracy of the tiny task after ``--num-steps`` GSPO steps from each seed's
 cold start, for k = 0, 1, 2, 4 with the decoupled objective (``algo.tis`` at sequence level,
 cap 2) and for k = 4 without the behaviour weight; the spread over seeds.
+
+**lengths**: the long-tail task (``configs/tiny_longtail.yaml``, answers of 1-40 digits) at
+k = 0 and k = 4 from each seed's cold start: the mean length of the responses each step
+*trained*, the groups dropped as too old, and which prompts were trained (the ledger) with
+their reference answers' lengths. A taking rule that prefers the groups that finish first
+(short answers) would drop long ones and train shorter responses per prompt at k = 4 than
+on-policy; the earliest-deadline-first rule (issue 51) drops none. What it cannot help: the
+groups still generating when the run ends are the long ones, so a short run at k = 4 trains a
+set of prompts with shorter answers than the on-policy run's; the response length *per answer
+length* compares the two on what each trained. ``--reuse-runs`` re-reads finished runs.
 
 Results go to ``benchmarks/results/async.json`` (each part replaces its own entries) and the doc
 is written from that file. Exit codes: 0 done, 1 a run failed (its log is named), 2 bad usage.
@@ -184,6 +195,69 @@ def run_parity(args) -> List[dict]:
     return out
 
 
+LENGTH_KS = (0, 4)
+
+
+def answer_lengths(assets: Path) -> Dict[str, int]:
+    """Prompt id -> tokens of its reference answer and eos (the repeat task's answer is the
+    digit ``count`` times, one token each): what a correct response's length is."""
+    out = {}
+    for line in open(assets / "data" / "train.jsonl"):
+        record = json.loads(line)
+        out[record["id"]] = len(record["answer"]) + 1
+    return out
+
+
+def trained_prompts(run_dir: Path, k: int, drawn_in_order: List[str], num_steps: int,
+                    batch: int):
+    """``(prompts trained, prompts left generating at the end)``: for k >= 2 from the run's
+    ledger (``async_groups.jsonl``); on-policy every step trains the batch it drew, the data in
+    file order (``data.shuffle: false`` in ``configs/tiny_longtail.yaml``)."""
+    if k < 2:
+        return drawn_in_order[:num_steps * batch], []
+    ledger = [json.loads(line) for line in open(run_dir / "async_groups.jsonl")]
+    taken = [p for row in ledger for _, p, *_ in row.get("taken", [])]
+    left = [p for row in ledger for _, p in row.get("left", [])]
+    return taken, left
+
+
+def length_row(rows: List[dict], k: int, seed: int, taken: List[str], left: List[str],
+               answer_len: Dict[str, int]) -> dict:
+    steps = [r for r in rows if r["step"] >= 1]
+    trained_answer = statistics.fmean(answer_len[p] for p in taken)
+    response = _mean(steps, "rollout/response_len_mean")
+    return {"k": k, "seed": seed, "response_len_mean": response,
+            "answer_len_mean": trained_answer, "response_per_answer": response / trained_answer,
+            "left_groups": len(left),
+            "left_answer_len_mean": statistics.fmean(answer_len[p] for p in left) if left else None,
+            "dropped_stale": sum(r.get("async/dropped_stale_groups", 0.0) for r in steps),
+            "lag_mean": _mean(steps, "async/lag_mean")}
+
+
+def run_lengths(args) -> List[dict]:
+    out: List[dict] = []
+    assets = _assets(args.out, "longtail")
+    answer_len = answer_lengths(assets)
+    in_order = list(answer_len)
+    for seed in args.seeds:
+        base = _from_cold_start(args.out, "longtail", seed)
+        for k in LENGTH_KS:
+            run_dir = args.out / f"lengths_seed{seed}_k{k}"
+            metrics = run_dir / "metrics.jsonl"
+            if args.reuse_runs and metrics.exists() and \
+                    sum(1 for _ in open(metrics)) == args.num_steps + 1:
+                rows = [json.loads(line) for line in open(metrics)]  # a finished run, re-read
+            else:
+                rows = _train(WORKLOADS["longtail"], run_dir, [
+                    *base, *REAL_SERVER, f"rollout.sglang.port={free_port()}",
+                    f"trainer.num_steps={args.num_steps}", "trainer.eval_every_steps=0",
+                    *staleness_overrides(k)])
+            taken, left = trained_prompts(run_dir, k, in_order, args.num_steps, 32)
+            out.append(length_row(rows, k, seed, taken, left, answer_len))
+            print(json.dumps(out[-1]), flush=True)
+    return out
+
+
 def _commit() -> str:
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                           text=True).stdout.strip()
@@ -257,6 +331,39 @@ def write_doc(results: dict, doc: Path) -> str:
             lines += ["", "Accuracy after the cold start, per seed: "
                       + ", ".join(f"{a:.1f}%" for a in starts) + "."]
         lines.append("")
+    lengths = results.get("lengths")
+    if lengths:
+        c = lengths["conditions"]
+        lines += ["## Trained response lengths, on-policy against k = 4 (long-tail task)", "",
+                  f"`{c['command']}` on {c['date']}, commit `{c['commit']}`, {c['cpus']} CPUs "
+                  f"(load {c['load_start']:.1f} at the start, {c['load_end']:.1f} at the end). "
+                  f"{lengths['num_steps']} GSPO steps against the real server from each seed's "
+                  "cold start. Per run: the mean over steps of the trained responses' mean "
+                  "length; the mean length of the reference answers (digits + eos) of the "
+                  "prompts it trained, and the response length per answer length; the groups "
+                  "still generating or buffered when the run ended, and their answers' mean "
+                  "length; groups dropped as too old.", "",
+                  "| k | response len, per seed | mean (spread) | trained prompts' answer len "
+                  "| response / answer len | left at the end: groups, answer len "
+                  "| dropped too old | mean lag |",
+                  "|---:|---|---|---|---|---|---:|---:|"]
+        for k in LENGTH_KS:
+            rows = [r for r in lengths["rows"] if r["k"] == k]
+            if not rows:
+                continue
+            lens = [r["response_len_mean"] for r in rows]
+            ratio = [r["response_per_answer"] for r in rows]
+            left = [r for r in rows if r["left_groups"]]
+            left_text = (f"{statistics.fmean(r['left_groups'] for r in rows):.0f}, "
+                         f"{statistics.fmean(r['left_answer_len_mean'] for r in left):.2f}"
+                         if left else "0")
+            lines.append(f"| {k} | " + " / ".join(f"{x:.2f}" for x in lens)
+                         + f" | {statistics.fmean(lens):.2f} ({min(lens):.2f}-{max(lens):.2f}) "
+                         f"| {_mean(rows, 'answer_len_mean'):.2f} "
+                         f"| {statistics.fmean(ratio):.3f} ({min(ratio):.3f}-{max(ratio):.3f}) "
+                         f"| {left_text} | {sum(r['dropped_stale'] for r in rows):.0f} "
+                         f"| {_mean(rows, 'lag_mean'):.2f} |")
+        lines.append("")
     text = "\n".join(lines)
     page = doc.read_text() if doc.exists() else f"# Asynchronous rollouts\n\n{BEGIN}\n{END}\n"
     if BEGIN not in page or END not in page:
@@ -269,13 +376,16 @@ def write_doc(results: dict, doc: Path) -> str:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=("speed", "parity", "doc"))
+    parser.add_argument("part", choices=("speed", "parity", "lengths", "doc"))
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2, 4])
     parser.add_argument("--num-steps", type=int, default=None)
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1, help="speed: the cold start's seed")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="parity")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="parity, lengths")
+    parser.add_argument("--reuse-runs", action="store_true",
+                        help="lengths: re-read a finished run of the same step count instead of "
+                             "training it again (a new analysis of the same runs)")
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench_async")
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--doc", type=Path, default=DOC)
@@ -293,6 +403,10 @@ def main(argv=None) -> int:
                 rows = run_speed(args)
                 results["speed"] = {"rows": rows, "num_steps": args.num_steps,
                                     "warmup_steps": args.warmup_steps}
+            elif args.part == "lengths":
+                args.num_steps = args.num_steps or 12
+                rows = run_lengths(args)
+                results["lengths"] = {"rows": rows, "num_steps": args.num_steps, "seeds": args.seeds}
             else:
                 args.num_steps = args.num_steps or 40
                 rows = run_parity(args)

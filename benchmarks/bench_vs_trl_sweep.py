@@ -176,7 +176,7 @@ def run_shape(shape: Shape, args, sides: List[str], work: Path, trl_python: Path
 
 def run_auto(shape: Shape, args, assets: Path, run_dir: Path, num_cpus: int) -> dict:
     """One overlapped run as a user would start it: the trainer probes and picks its split."""
-    from gspo_megatron.trainer.overlap_threads import probe_phases
+    from gspo_megatron.trainer.schedule.one_step_threads import probe_phases
 
     # the warm-up step, every phase, then steps with the kept split
     steps = 1 + len(probe_phases("auto", num_cpus, 1)) * AUTO_PROBE_STEPS + 2

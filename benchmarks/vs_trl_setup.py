@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
-OVERLAP_WARNING = "rollout.overlap_one_step does not pay here"  # trainer/overlap_threads.py
+OVERLAP_WARNING = "rollout.overlap_one_step does not pay here"  # trainer/schedule/one_step_threads.py
 STEPS_PER_GENERATION = 4
 GSPO_SIDES = {
     "gspo": [],

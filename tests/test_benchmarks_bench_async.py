@@ -64,3 +64,40 @@ def test_the_doc_has_the_ratio_to_on_policy_and_the_spread_over_seeds(tmp_path):
     (tmp_path / "bare.md").write_text("no markers\n")
     with pytest.raises(ValueError, match="lacks the markers"):
         bench.write_doc(results, tmp_path / "bare.md")
+
+
+def test_the_lengths_section_compares_k4_with_on_policy_per_answer_length(tmp_path):
+    """The trained prompts come from the ledger at k >= 2 (taken, and left at the end) and from
+    the data order on-policy; the row divides the response length by the trained answers'."""
+    answer_len = {"a": 3, "b": 11, "c": 41}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "async_groups.jsonl").write_text(
+        json.dumps({"step": 1, "taken": [[0, "a", 0, {"5": 8}], [1, "b", 1, {"5": 40}]]}) + "\n"
+        + json.dumps({"step": 2, "dropped": [[3, "b", "equal_rewards"]]}) + "\n"
+        + json.dumps({"step": 2, "left": [[2, "c"]]}) + "\n")
+    assert bench.trained_prompts(run, 4, ["c", "b", "a"], 1, 2) == (["a", "b"], ["c"])
+    assert bench.trained_prompts(run, 0, ["c", "b", "a"], 1, 2) == (["c", "b"], [])
+    rows = [{"step": 0}, {"step": 1, "rollout/response_len_mean": 8.0,
+                          "async/dropped_stale_groups": 1.0, "async/lag_mean": 0.5},
+            {"step": 2, "rollout/response_len_mean": 6.0}]
+    row = bench.length_row(rows, 4, 1, ["a", "b"], ["c"], answer_len)
+    assert row["answer_len_mean"] == 7.0 and row["response_per_answer"] == 1.0
+    assert (row["left_groups"], row["left_answer_len_mean"], row["dropped_stale"]) == (1, 41, 1.0)
+
+    conditions = {"command": "python benchmarks/bench_async.py lengths", "date": "2026-12-07",
+                  "commit": "abc", "cpus": 2, "load_start": 1.0, "load_end": 2.0, "minutes": 3.0,
+                  "threads": "1"}
+    other = dict(row, seed=2, response_len_mean=9.0, response_per_answer=9.0 / 7.0)
+    on_policy = dict(row, k=0, left_groups=0, left_answer_len_mean=None, dropped_stale=0.0)
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"{bench.BEGIN}\n{bench.END}\n")
+    text = bench.write_doc({"lengths": {"rows": [on_policy, row, other], "num_steps": 2,
+                                        "seeds": [1, 2], "conditions": conditions}}, doc)
+    assert "| 4 | 7.00 / 9.00 | 8.00 (7.00-9.00) | 7.00 | 1.143 (1.000-1.286) | 1, 41.00 | 2 |" in text
+    assert "| 0 | 7.00 | 7.00 (7.00-7.00) | 7.00 | 1.000 (1.000-1.000) | 0 | 0 |" in text
+    for k in bench.LENGTH_KS:  # each column is a run the trainer accepts
+        cfg = load_config(REPO / "configs" / "tiny_longtail.yaml",
+                          [*bench.QUIET, *bench.REAL_SERVER, "rollout.sglang.port=30000",
+                           *bench.staleness_overrides(k)])
+        assert rollout_staleness(cfg.rollout) == k and cfg.data.shuffle is False

@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks import bench_vs_trl_sweep as sweep, vs_trl_setup
 from gspo_megatron.config.load import load_config
-from gspo_megatron.trainer.overlap_threads import probe_phases
+from gspo_megatron.trainer.schedule.one_step_threads import probe_phases
 
 
 def _config(overrides, steps=6):

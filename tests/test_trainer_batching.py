@@ -9,7 +9,7 @@ import torch
 from gspo_megatron.rollout.types import Sample
 from gspo_megatron.trainer.batching import (rollout_to_sequence_batch, split_mini_batches,
                                             take_sequences, token_lags)
-from gspo_megatron.trainer.rollout_step import ScoredRollout
+from gspo_megatron.trainer.schedule.collect import ScoredRollout
 
 
 def _sample(index: int, versions, prompt=(1, 2)) -> Sample:

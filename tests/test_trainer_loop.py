@@ -199,7 +199,7 @@ def test_max_staleness_2_on_two_gloo_ranks_with_a_reference_server(assets, tmp_p
     assert (tmp_path / "async_groups.jsonl").is_file()
     # The periodic save of step 2 holds the generator's state as the ledger saw it then: every
     # group admitted by then was taken (steps 1-2), dropped, buffered or in flight, once.
-    from gspo_megatron.trainer.async_ledger import read_ledger
+    from gspo_megatron.trainer.schedule.k_stale_ledger import read_ledger
 
     saved = torch.load(tmp_path / "checkpoints" / "step_000002" / "common.pt",
                        weights_only=False)["extra"]["pending_rollout"]["async"]
@@ -208,6 +208,12 @@ def test_max_staleness_2_on_two_gloo_ranks_with_a_reference_server(assets, tmp_p
     named += [int(g["index"]) for g in saved["buffer"]] + [int(i) for i, _ in saved["in_flight"]]
     assert sorted(named) == list(range(saved["admitted"])) and saved["admitted"] >= 2 * 4
     assert all("train/tis_weight_mean" in r and "train/tis_truncated_frac" in r for r in rows[1:])
+    # The lags recounted from the versions the server reported, without the trainer's map.
+    from tests.lag_audit import lag_mismatches, off_by_one
+
+    ledger = read_ledger(tmp_path / "async_groups.jsonl")
+    assert lag_mismatches(rows, ledger, num_mini_batches=2, max_staleness=2) == []
+    assert lag_mismatches(off_by_one(rows, 2), ledger, num_mini_batches=2, max_staleness=2)
     saved = (tmp_path / "config.yaml").read_text()
     assert "mode: truncate" in saved and "level: sequence" in saved  # what ran, not "auto"
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gspo_megatron.trainer.plot import bucket_names, plot_history, run_mean
+from gspo_megatron.trainer.plot import (CLIP_BY_LENGTH, HISTOGRAMS, PANELS, SPREAD, bucket_names,
+                                        panels_with_data, plot_history, run_mean)
 
 
 def _rows():
@@ -29,3 +30,33 @@ def test_plot_writes_a_png(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
     # A run without any diagnostics (dense, nothing logged yet) still plots.
     assert plot_history([{"step": 0}], tmp_path / "empty.png").is_file()
+
+
+def test_only_the_panels_a_run_has_are_drawn():
+    """An on-policy run (``make demo``) logs no ``async/*`` metric: its figure has no asynchrony,
+    dropped-groups or lag panels; a k-stale run's has them."""
+    on_policy = panels_with_data(_rows())
+    assert on_policy == ["reward", "clip fractions", "expert volatility (MoE)",
+                         SPREAD, CLIP_BY_LENGTH, HISTOGRAMS]
+    stale = [dict(r, **{"async/lag_mean": 1.0, "async/dropped_stale_groups": 0.0,
+                        "train/clip_frac_token_lag2": 0.1}) for r in _rows()]
+    assert {"asynchrony (max_staleness >= 2)", "groups dropped per step",
+            "clipped tokens by lag"} <= set(panels_with_data(stale))
+    assert panels_with_data([{"step": 0}]) == []
+    assert [t for t, _ in PANELS][:1] == ["reward"]
+
+
+def test_the_figure_has_one_axis_per_drawn_panel(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    drawn = []
+    real = plt.subplots
+
+    def counting(rows, cols, **kw):
+        fig, axes = real(rows, cols, **kw)
+        drawn.append(fig)
+        return fig, axes
+    monkeypatch.setattr(plt, "subplots", counting)
+    plot_history(_rows(), tmp_path / "a.png")
+    visible = [ax for ax in drawn[0].axes if ax.axison]
+    assert len(visible) == len(panels_with_data(_rows())) == 6

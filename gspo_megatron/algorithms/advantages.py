@@ -11,7 +11,7 @@ response: it contributes no policy gradient, only noise in the normaliser. Such 
 detected exactly (``max == min``), their advantages are set to exactly 0 (never NaN, even with
 ``eps = 0``), and they are reported, or dropped and replaced by new groups (DAPO's dynamic
 sampling, arXiv 2503.14476) with :class:`DynamicSamplingBuffer`, which the rollout step
-(``trainer/rollout_step.py``) fills round by round.
+(``trainer/schedule/collect.py``) fills round by round.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from gspo_megatron.learner.batch import SequenceBatch
 from gspo_megatron.learner.routing import moe_routing_layout
 from gspo_megatron.rollout.routed_experts import RoutingShape, check_sample_routing
 from gspo_megatron.rollout.types import Sample, check_sample_logprobs
-from gspo_megatron.trainer.rollout_step import ScoredRollout
+from gspo_megatron.trainer.schedule.collect import ScoredRollout
 
 
 def rollout_routing_shape(cfg) -> Optional[RoutingShape]:

@@ -4,7 +4,7 @@ The loop (``trainer/loop.py``) only sequences; everything that knows how a part 
 here: the learner on every rank, the rollout engine, rewards and logger on the main rank, the
 data sampler on every rank (they advance in step, so no prompts are broadcast), the run's
 checkpoints (``trainer/checkpoints.py``: resume decision, save, rotation), the overlap's thread
-tuner (``trainer/overlap_threads.py``), and the weight sync that streams the learner's
+tuner (``trainer/schedule/one_step_threads.py``), and the weight sync that streams the learner's
 parameters, gathered into Hugging Face names, into the engine. The end of a run (export, plot)
 is ``trainer/finish.py``'s.
 
@@ -34,7 +34,7 @@ from gspo_megatron.rewards.runner import RewardRunner
 from gspo_megatron.rewards.scorer import RolloutScorer
 from gspo_megatron.trainer.checkpoints import RunCheckpoints, data_identity, plan_resume
 from gspo_megatron.trainer.metrics_log import MetricsLogger
-from gspo_megatron.trainer.overlap_threads import overlap_thread_tuner
+from gspo_megatron.trainer.schedule.one_step_threads import overlap_thread_tuner
 from gspo_megatron.trainer.deadline import save_prior_s
 from gspo_megatron.trainer.preemption import PreemptionFlag
 from gspo_megatron.trainer.preflight import (check_enough_prompts, check_hf_weights,
@@ -69,7 +69,7 @@ class TrainerParts:
     sync_check: Any = None
     """``trainer.sync_check.SyncCheck`` with ``rollout.weight_sync.verify`` (every rank)."""
     overlap_threads: Any = None
-    """``trainer.overlap_threads.OverlapThreadTuner`` (main rank, overlap with the embedded
+    """``schedule.one_step_threads.OverlapThreadTuner`` (main rank, overlap with the embedded
     engine): the learner's threads beside the engine's process, and the probe of the overlap."""
     closed: bool = field(default=False, init=False, repr=False)
     """Set by :meth:`close`, which then does nothing."""

@@ -6,8 +6,9 @@ of the sequence log-ratios (all sequences, and per response-length bucket). Two 
 the whole run per response-length bucket (``algorithms/length_diagnostics.py``): the clip
 fractions, and the histogram of sequence log-ratios ``mean_t(log pi - log pi_old)``. With
 ``rollout.max_staleness >= 2``: the mean token lag, samples spanning versions, the pause per
-sync, dropped groups and the clip fraction by lag. Panels without data are left empty, so a
-dense model or an on-policy run plots too.
+sync, dropped groups and the clip fraction by lag. Only the panels a run has data for are drawn
+(``panels_with_data``): an on-policy run shows no asynchrony panels, a dense model no expert
+volatility, a run without length buckets no per-length summaries.
 
     plot_history(rows, "runs/x/metrics.png", bin_edges=cfg.algo.diagnostics.log_ratio_bin_edges)
 """
@@ -79,7 +80,7 @@ def _clip_by_length(ax, history, buckets) -> None:
                label=label)
     ax.set_xticks(range(len(buckets)))
     ax.set_xticklabels(buckets, fontsize=7)
-    ax.set_title("clipped, by response length (run mean)", fontsize=9)
+    ax.set_title(CLIP_BY_LENGTH, fontsize=9)
     if buckets:
         ax.legend(fontsize=6)
 
@@ -98,32 +99,52 @@ def _histograms(ax, history, buckets, bin_edges: Optional[Sequence[float]]) -> N
         labels = [f"<{e[0]}"] + [f"[{a},{b})" for a, b in zip(e[:-1], e[1:])] + [f">={e[-1]}"]
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(labels, fontsize=6, rotation=45, ha="right")
-    ax.set_title("seq log-ratio histogram (run mean)", fontsize=9)
+    ax.set_title(HISTOGRAMS, fontsize=9)
     if ax.lines:
         ax.legend(fontsize=6)
 
 
+def panels_with_data(history: List[Dict[str, float]], panels: Sequence = PANELS) -> List[str]:
+    """Titles of the panels ``plot_history`` draws for ``history``, in order: each time-series
+    panel with at least one of its metrics in some row, then the three per-length-bucket panels
+    when the rows have length buckets."""
+    present = {key for row in history for key in row}
+    titles = [title for title, keys in panels if present.intersection(keys)]
+    if bucket_names(history):
+        titles += [SPREAD, CLIP_BY_LENGTH, HISTOGRAMS]
+    return titles
+
+
+SPREAD = "spread by response length"
+CLIP_BY_LENGTH = "clipped, by response length (run mean)"
+HISTOGRAMS = "seq log-ratio histogram (run mean)"
+
+
 def plot_history(history: List[Dict[str, float]], path: str | Path, panels: Sequence = PANELS,
                  bin_edges: Optional[Sequence[float]] = None) -> Path:
-    """Write the summary figure to ``path`` (parents created) and return it."""
+    """Write the summary figure to ``path`` (parents created) and return it: the panels of
+    ``panels_with_data`` (a run with none yet gets one empty reward panel)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     buckets = bucket_names(history)
-    spread = ("spread by response length",
-              tuple(f"train/len_{b}/log_ratio_abs_mean" for b in buckets))
-    n = len(panels) + 3
-    cols = 5
-    rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.0 * rows))
+    series = dict(panels)
+    series[SPREAD] = tuple(f"train/len_{b}/log_ratio_abs_mean" for b in buckets)
+    titles = panels_with_data(history, panels) or [panels[0][0]]
+    cols = min(5, len(titles))
+    rows = -(-len(titles) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.0 * rows), squeeze=False)
     axes = list(axes.flat)
-    for ax, (title, keys) in zip(axes, list(panels) + [spread]):
-        _series(ax, history, keys, title)
-    _clip_by_length(axes[len(panels) + 1], history, buckets)
-    _histograms(axes[len(panels) + 2], history, buckets, bin_edges)
-    for ax in axes[n:]:
+    for ax, title in zip(axes, titles):
+        if title == CLIP_BY_LENGTH:
+            _clip_by_length(ax, history, buckets)
+        elif title == HISTOGRAMS:
+            _histograms(ax, history, buckets, bin_edges)
+        else:
+            _series(ax, history, series[title], title)
+    for ax in axes[len(titles):]:
         ax.axis("off")
     fig.tight_layout()
     path = Path(path)

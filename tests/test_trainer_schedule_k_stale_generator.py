@@ -1,10 +1,10 @@
-"""The continuous generator's own rules (trainer/async_generator.py): admission within the
+"""The continuous generator's own rules (trainer/schedule/k_stale_generator.py): admission within the
 staleness bound, too-old groups dropped and counted, errors and stalls named, and checkpoints
 that neither lose nor repeat a prompt.
 
 The engine here is a scripted one: these tests are about the generator's bookkeeping, which
 does not depend on how samples are made. The real SGLang server runs the generator in
-tests/test_trainer_async_rollouts_real_sglang.py.
+tests/test_trainer_schedule_k_stale_real_sglang.py.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import pytest
 from gspo_megatron.data.records import PromptRecord
 from gspo_megatron.data.sampler import PromptSampler
 from gspo_megatron.rollout.types import Sample, SamplingParams
-from gspo_megatron.trainer.async_generator import (AsyncGenerator, FinishedGroup,
-                                                     GeneratorFailed, group_seed)
+from gspo_megatron.trainer.schedule.k_stale_generator import (AsyncGenerator, FinishedGroup,
+                                                              GeneratorFailed, group_seed)
 
 N = 2
 
@@ -187,10 +187,13 @@ def test_a_resumed_generator_neither_loses_nor_repeats_a_prompt():
     taken: List[str] = []
     try:
         gen.start()
-        for _ in range(2):
-            taken += [g.record.prompt_id for g in gen.take(lambda v: 0)[0]]
-            gen.synced(engine.version)
-        engine.gate.clear()  # the next groups stay in flight
+        taken += [g.record.prompt_id for g in gen.take(lambda v: 0)[0]]
+        gen.synced(engine.version)
+        # quiescent: (k + 1) B = 9 groups finished, none in flight, no room to admit
+        wait_for(lambda: gen.gauges()["buffer_groups"] == 9)
+        taken += [g.record.prompt_id for g in gen.take(lambda v: 0)[0]]
+        engine.gate.clear()  # the sync makes room for 3: they stay in flight
+        gen.synced(engine.version)
         wait_for(lambda: gen.gauges()["in_flight_groups"] == 3)
         state = gen.snapshot()
         assert len(state["in_flight"]) == 3
@@ -200,6 +203,7 @@ def test_a_resumed_generator_neither_loses_nor_repeats_a_prompt():
         gen.close()
     saved_buffer = [g["record"]["prompt_id"] for g in state["buffer"]]
     saved_flight = [r["prompt_id"] for _, r in state["in_flight"]]
+    assert (len(taken), len(saved_buffer), len(saved_flight)) == (6, 6, 3)
 
     engine2 = ScriptedEngine()
     resumed = make(engine2, k=2, per_step=3, in_flight=3)
@@ -213,7 +217,8 @@ def test_a_resumed_generator_neither_loses_nor_repeats_a_prompt():
             resumed.synced(engine2.version)
     finally:
         resumed.close()
-    # the buffer's groups come first, the re-generated ones are there, nothing twice, no gap
+    # the buffer's groups come first (oldest admission first: the 3 in flight were admitted
+    # last), the re-generated ones are there, nothing twice, no gap
     assert set(after[:len(saved_buffer)]) == set(saved_buffer)
     assert set(saved_flight) <= set(after)
     everything = taken + after
@@ -362,7 +367,7 @@ def test_groups_of_a_dropped_step_are_put_back_first_in_line():
 
 def test_groups_in_flight_default_to_the_clients_concurrency_cap():
     from gspo_megatron.config.load import load_config
-    from gspo_megatron.trainer.async_rollouts import groups_in_flight
+    from gspo_megatron.trainer.schedule.k_stale import groups_in_flight
 
     base = ["rollout.max_staleness=2", "rollout.engine=reference", "rollout.mode=disaggregated"]
     cfg = load_config(None, [*base, "rollout.n_samples_per_prompt=8",

@@ -1,6 +1,7 @@
-"""RolloutPipeline with a fake learner: hand-over order, background generation, ``prepare`` (the
-learner's pi_old) under the generating weights, and the checkpoint round trip of an in-flight
-rollout."""
+"""The k = 0 and k = 1 schedules (``OnPolicyRollouts``, ``OneStepRollouts``: the machinery of
+``stepwise.RolloutPipeline``) with a fake learner: hand-over order, background generation,
+``prepare`` (the learner's pi_old) under the generating weights, the checkpoint round trip of an
+in-flight rollout, and where each syncs around the update."""
 
 import dataclasses
 import threading
@@ -12,9 +13,15 @@ import torch
 
 from gspo_megatron.learner.weight_snapshot import WeightSnapshot, weights_swapped_in
 from gspo_megatron.rollout.types import Sample
-import gspo_megatron.trainer.rollout_pipeline as rp
-from gspo_megatron.trainer.rollout_pipeline import RolloutPipeline
-from gspo_megatron.trainer.rollout_step import ScoredRollout
+import gspo_megatron.trainer.schedule.stepwise as rp
+from gspo_megatron.trainer.schedule.one_step import OneStepRollouts
+from gspo_megatron.trainer.schedule.on_policy import OnPolicyRollouts
+
+
+def _step_schedule(*args, overlap, **kwargs):
+    """The schedule of k = int(overlap)."""
+    return (OneStepRollouts if overlap else OnPolicyRollouts)(*args, **kwargs)
+from gspo_megatron.trainer.schedule.collect import ScoredRollout
 
 
 class FakeLearner:
@@ -84,7 +91,7 @@ def _lps(ready):
 
 
 def _pipeline(produce, learner, overlap, learner_logprobs=False, is_main=True, calls=None):
-    return RolloutPipeline(produce, _prepare_with(learner, calls), learner, FakeSampler(),
+    return _step_schedule(produce, _prepare_with(learner, calls), learner, FakeSampler(),
                            is_main=is_main, world_size=1, overlap=overlap,
                            learner_logprobs=learner_logprobs)
 
@@ -111,7 +118,7 @@ def test_a_wait_cut_by_the_deadline_drops_the_step_and_keeps_the_data_position(o
         pipe.sampler.next_batch(1)  # the rollout draws its prompts
         return _rollout(step)
 
-    pipe = RolloutPipeline(produce, _prepare_with(FakeLearner()), FakeLearner(), FakeSampler(),
+    pipe = _step_schedule(produce, _prepare_with(FakeLearner()), FakeLearner(), FakeSampler(),
                            is_main=True, world_size=1, overlap=overlap, learner_logprobs=False,
                            abandonable=abandonable)
     pipe.submit(1, trained_steps=0)
@@ -209,12 +216,12 @@ def test_restored_rollout_does_not_advance_other_ranks_samplers():
     fresh.restore(state)
     fresh.take(1)
     assert fresh.sampler.drawn == 0  # the saved sampler state already counts these prompts
-    original = rp._broadcast
-    rp._broadcast = lambda obj, world_size: _rollout(1)  # what rank 0 would send
+    original = rp.broadcast_from_main
+    rp.broadcast_from_main = lambda obj, world_size: _rollout(1)  # what rank 0 would send
     try:
         other.take(1)
     finally:
-        rp._broadcast = original
+        rp.broadcast_from_main = original
     assert other.sampler.drawn == 1
 
 
@@ -237,7 +244,7 @@ def test_a_background_rollout_past_its_deadline_is_named_not_waited_for():
     """Issue 41: the take of an overlapped step waits at most the engine's stall deadline."""
     import threading
 
-    from gspo_megatron.trainer.rollout_pipeline import RolloutTimeout, _Background
+    from gspo_megatron.trainer.schedule.stepwise import RolloutTimeout, _Background
 
     release = threading.Event()
     job = _Background(lambda: release.wait(10) and "done", name="rollout-7")
@@ -259,7 +266,7 @@ def test_wait_idle_on_a_wedged_background_rollout_ends_at_its_deadline(caplog):
         assert release.wait(30)
         return _rollout(step)
 
-    pipe = RolloutPipeline(produce, _prepare_with(FakeLearner()), FakeLearner(), FakeSampler(),
+    pipe = _step_schedule(produce, _prepare_with(FakeLearner()), FakeLearner(), FakeSampler(),
                            is_main=True, world_size=1, overlap=True, learner_logprobs=False,
                            wait_timeout_s=0.5)
     pipe.submit(3, trained_steps=1)
@@ -274,3 +281,4 @@ def test_wait_idle_on_a_wedged_background_rollout_ends_at_its_deadline(caplog):
         release.set()
     pipe.wait_idle()  # it finished once released: the result is kept for take
     assert pipe.take(3).policy_lag == 1
+

@@ -1,12 +1,14 @@
 """``async_groups.jsonl``: what became of every prompt group of an asynchronous run.
 
 One row per event batch, each naming groups by admission index and prompt id:
-``{"step": s, "taken": [[index, prompt_id, lag], ...]}`` when step s took them,
+``{"step": s, "taken": [[index, prompt_id, lag, {version: tokens}], ...]}`` when step s took them
+(``lag``: of the group's oldest token; the token counts per weight version are the engine's
+own report, kept raw for audits that recount the lags, ``tests/lag_audit.py``),
 ``{"step": s, "dropped": [[index, prompt_id, reason], ...]}`` (``too_old`` or ``equal_rewards``),
 ``{"step": s, "left": [[index, prompt_id], ...]}`` at the run's end (buffered or in flight).
 Across a kill and a resume, rows past the resumed step are trimmed (as ``metrics.jsonl``'s are),
 so the file of a finished run names each admitted index exactly once: the audit that no prompt
-trained twice and none was lost (``tests/test_trainer_async_rollouts_real_sglang.py``).
+trained twice and none was lost (``tests/test_trainer_schedule_k_stale_real_sglang.py``).
 Only the main rank writes it.
 """
 

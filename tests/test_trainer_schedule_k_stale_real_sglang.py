@@ -2,7 +2,7 @@
 CPU: the generator keeps the server busy across weight updates, no token trains more than k
 steps after its weights, and a run killed with SIGKILL right after a checkpoint, while groups
 are in flight, resumes against the same live server without training a prompt twice or losing
-one (``async_groups.jsonl``, trainer/async_ledger.py)."""
+one (``async_groups.jsonl``, trainer/schedule/k_stale_ledger.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gspo_megatron.trainer.async_ledger import LEDGER_FILE, read_ledger
+from gspo_megatron.trainer.schedule.k_stale_ledger import LEDGER_FILE, read_ledger
+from tests.lag_audit import lag_mismatches, off_by_one
 from tests.real_sglang import SGLANG_PYTHON, RealServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,7 +63,7 @@ def _audit(run_dir: Path) -> Counter:
     fates: Counter = Counter()
     seen = {}
     for row in read_ledger(run_dir / LEDGER_FILE):
-        for index, prompt_id, lag in row.get("taken", []):
+        for index, prompt_id, lag, _ in row.get("taken", []):
             assert 0 <= lag <= K, row
             seen.setdefault(index, []).append(("taken", prompt_id))
             fates["taken"] += 1
@@ -124,11 +125,17 @@ def test_killed_after_a_checkpoint_with_groups_in_flight_resumes_without_repeati
     assert in_flight, "nothing was in flight at the checkpoint: the resume's path went untested"
     assert rows[3]["async/discarded_in_flight_groups"] == len(in_flight)
     taken_after = {i for r in read_ledger(run_dir / LEDGER_FILE) if r["step"] > 2
-                   for i, _, _ in r.get("taken", [])}
+                   for i, *_ in r.get("taken", [])}
     buffered = {int(g["index"]) for g in saved["buffer"]}
     assert (in_flight | buffered) - taken_after <= _dropped_or_left(run_dir)
     fates = _audit(run_dir)
     assert fates["taken"] == 6 * 8  # 6 steps of 8 groups
+    # Every trained token's lag recounted from the versions the real server reported (not
+    # through lag_of), across the kill and the resume; the metrics of an off-by-one lag_of
+    # would not pass the same recount.
+    ledger = read_ledger(run_dir / LEDGER_FILE)
+    assert lag_mismatches(rows, ledger, num_mini_batches=2, max_staleness=K) == []
+    assert lag_mismatches(off_by_one(rows, K), ledger, num_mini_batches=2, max_staleness=K)
 
 
 def _dropped_or_left(run_dir: Path) -> set:

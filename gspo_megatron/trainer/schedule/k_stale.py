@@ -1,11 +1,9 @@
-"""Rollouts for ``rollout.max_staleness >= 2``: the loop's side of the continuous generator.
-
-The same four calls as :class:`trainer.rollout_pipeline.RolloutPipeline`, so the loop reads
-alike in every mode:
+"""k >= 2 (``rollout.max_staleness``): continuous generation across weight updates; the loop's
+side of the generator (``k_stale_generator.py``). The calls of ``base.RolloutSchedule``:
 
     rollouts.submit(step, trained_steps)  # first step only: the generator starts (main rank)
     ready = rollouts.take(step)           # collective: B groups no older than k, prepared
-    train(ready); sync_weights(); rollouts.synced(trained_steps=step)   # servers go on meanwhile
+    train(ready); rollouts.after_update(step)   # sync, then synced(step): the servers go on
 
 ``take`` prepares the batch under the learner's *current* weights: pi_old is then the proximal
 policy of the decoupled objective (the weights before this update), and ``algo.tis`` weighs each
@@ -32,12 +30,14 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional
 
 from gspo_megatron.data.records import PromptRecord
 from gspo_megatron.rollout.types import Sample, SamplingParams
-from gspo_megatron.trainer.async_generator import AsyncGenerator, FinishedGroup, sample_versions
-from gspo_megatron.trainer.async_ledger import GroupLedger
 from gspo_megatron.trainer.batching import token_lags
 from gspo_megatron.trainer.preemption import AbandonMarker, StepAbandoned, raise_if_abandoned
-from gspo_megatron.trainer.rollout_pipeline import ReadyRollout, _broadcast
-from gspo_megatron.trainer.rollout_step import ScoredRollout, _eos_ids
+from gspo_megatron.trainer.schedule.base import (ReadyRollout, RolloutSchedule, SyncWeights,
+                                                 broadcast_from_main)
+from gspo_megatron.trainer.schedule.collect import ScoredRollout, _eos_ids
+from gspo_megatron.trainer.schedule.k_stale_generator import (AsyncGenerator, FinishedGroup,
+                                                              sample_versions)
+from gspo_megatron.trainer.schedule.k_stale_ledger import GroupLedger
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +53,27 @@ def groups_in_flight(cfg) -> int:
     return max(1, -(-cap // r.n_samples_per_prompt))
 
 
-class AsyncRollouts:
+def engine_versions(samples: List[Sample]) -> Dict[str, int]:
+    """Response tokens per weight version, as the engine reported them (``{"12": 30, ...}``):
+    the raw record the ledger keeps beside each group's lag, so an audit can recount the lags
+    without this module's version map (``lag_of``)."""
+    counts: Dict[str, int] = {}
+    for sample in samples:
+        for version in sample_versions(sample):
+            counts[str(version)] = counts.get(str(version), 0) + 1
+    return counts
+
+
+class AsyncRollouts(RolloutSchedule):
     """Continuous generation with a staleness bound; see the module docstring."""
 
     def __init__(self, cfg, engine, sampler, reward_runner, tokenizer,
                  prepare: Callable[[ScoredRollout, Optional[list]], Any], learner, *,
-                 is_main: bool, world_size: int,
+                 is_main: bool, world_size: int, sync_weights: SyncWeights = dict,
                  abandonable: Callable[[], ContextManager] = nullcontext) -> None:
         self.cfg = cfg
+        self.sync_weights = sync_weights
+        """The loop's collective sync (``after_update``)."""
         self.abandonable = abandonable
         """Marks the main rank's wait for finished groups as one a deadline may cut."""
         self.prepare = prepare
@@ -68,7 +81,7 @@ class AsyncRollouts:
         self.sampler = sampler
         self.is_main = is_main
         self.world_size = world_size
-        self.k = int(cfg.rollout.max_staleness)
+        self.k = self.max_staleness = int(cfg.rollout.max_staleness)
         self._version_step: Dict[int, int] = {}
         """Weight version (learner optimizer step) -> RL steps trained when it was synced."""
         self._trained = 0
@@ -93,7 +106,7 @@ class AsyncRollouts:
         self.engine = engine
         self._last_counters: Dict[str, float] = {}
         self.ledger = GroupLedger(cfg.logging.run_dir) if is_main else None
-        """``async_groups.jsonl``: every group taken, dropped or left (trainer/async_ledger.py)."""
+        """``async_groups.jsonl``: every group taken, dropped or left (``k_stale_ledger.py``)."""
         self._ledger_started = False
         self._taken: Optional[List[FinishedGroup]] = None
         """Main rank: the groups of the step being trained, until its sync (a dropped step
@@ -126,6 +139,12 @@ class AsyncRollouts:
         if self.generator is not None:
             self.generator.synced(int(self.learner.step))
 
+    def after_update(self, step: int) -> Dict[str, float]:
+        """Sync the weights of ``step``, then count the lags of later tokens from them."""
+        metrics = self.sync_weights()
+        self.synced(trained_steps=step)
+        return metrics
+
     def lag_of(self, version: int) -> int:
         """RL steps the learner has trained since the weights of ``version`` were synced."""
         if version not in self._version_step:
@@ -151,7 +170,7 @@ class AsyncRollouts:
         rollout, wait_s = None, 0.0
         if self.is_main:
             rollout, wait_s = self._main_rank_take(step)
-        rollout = _broadcast(rollout, self.world_size)
+        rollout = broadcast_from_main(rollout, self.world_size)
         raise_if_abandoned(rollout)
         t0 = time.perf_counter()
         prepared = self.prepare(rollout, None)
@@ -170,7 +189,8 @@ class AsyncRollouts:
         self._taken = groups
         rollout = self._scored(groups)
         self.ledger.write(step, taken=[[g.index, g.record.prompt_id,
-                                        max((max(x) for x in lags if x), default=0)]
+                                        max((max(x) for x in lags if x), default=0),
+                                        engine_versions(g.samples)]
                                        for g, lags in zip(groups, self._group_lags(rollout))],
                           dropped=self.generator.drain_events())
         return rollout, wait_s
@@ -231,7 +251,7 @@ class AsyncRollouts:
             self.ledger.write(self._trained, dropped=self.generator.drain_events())
             state = {"async": self.generator.snapshot(), "trained": self._trained,
                      "version_step": {str(v): s for v, s in self._version_step.items()}}
-        return _broadcast(state, self.world_size)
+        return broadcast_from_main(state, self.world_size)
 
     def abandon_state(self):
         """``(pending state, sampler state)`` of a checkpoint of the state before the open step:

@@ -1,4 +1,4 @@
-"""The learner's threads beside the engine's process (trainer/overlap_threads.py): which split
+"""The learner's threads beside the engine's process (trainer/schedule/one_step_threads.py): which split
 each phase uses, which one the probe keeps, the warning when the overlap does not pay, and a
 real overlapped run that probes, waits in its serial steps and logs what it decided."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gspo_megatron.trainer.overlap_threads import OverlapThreadTuner, learner_threads, probe_phases
+from gspo_megatron.trainer.schedule.one_step_threads import OverlapThreadTuner, learner_threads, probe_phases
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,6 +1,7 @@
-"""Rollouts for the loop, produced in step (on-policy) or one step ahead (one-step off-policy).
+"""The machinery of the two step-by-step schedules: one rollout per step, produced in step
+(``on_policy.py``, k = 0) or one step ahead (``one_step.py``, k = 1).
 
-With ``rollout.overlap_one_step`` the rollout of step k+1 is generated while the learner trains
+With ``rollout.max_staleness=1`` the rollout of step k+1 is generated while the learner trains
 on step k, by the weights the learner had before step k (synced to the engine just before the
 submission); step k+1 then trains on samples one update old. The same structure as slime's
 ``train_async.py`` and verl's one-step-off-policy recipe (generate the next batch before training
@@ -34,41 +35,18 @@ import logging
 import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Dict, Optional
 
 import torch
-import torch.distributed as dist
 
 from gspo_megatron.learner.weight_snapshot import WeightSnapshot, weights_swapped_in
 from gspo_megatron.rollout.types import Sample
 from gspo_megatron.trainer.preemption import AbandonMarker, StepAbandoned, raise_if_abandoned
-from gspo_megatron.trainer.rollout_step import ScoredRollout
+from gspo_megatron.trainer.schedule.base import (ReadyRollout, RolloutSchedule, SyncWeights,
+                                                 broadcast_from_main)
+from gspo_megatron.trainer.schedule.collect import ScoredRollout
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ReadyRollout:
-    """A rollout every rank holds, prepared for training (batch and pi_old)."""
-
-    rollout: ScoredRollout
-    prepared: Any
-    """What the loop's ``prepare`` returned for it (``trainer.loop.PreparedStep``)."""
-    policy_lag: int
-    """RL steps the learner has taken since the generating weights (0 on-policy, 1 overlapped)."""
-    wait_s: float = 0.0
-    """Seconds ``take`` blocked for the rollout (0 when it was already there)."""
-    prepare_s: float = 0.0
-    """Seconds of ``prepare`` (the learner's old-policy pass, when it runs one)."""
-
-
-def _broadcast(obj, world_size: int):
-    if world_size == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 class RolloutTimeout(RuntimeError):
@@ -106,14 +84,23 @@ class _Background:
         return self._out["value"]
 
 
-class RolloutPipeline:
-    """Submits and hands over rollouts; see the module docstring."""
+class RolloutPipeline(RolloutSchedule):
+    """Submits and hands over rollouts; see the module docstring. ``overlap``: the next step's
+    rollout is generated while this one trains (``one_step.py`` sets it)."""
+
+    overlap = False
 
     def __init__(self, produce: Callable[[int], ScoredRollout],
                  prepare: Callable[[ScoredRollout, Optional[list]], Any], learner, sampler, *,
-                 is_main: bool, world_size: int, overlap: bool, learner_logprobs: bool,
+                 is_main: bool, world_size: int, learner_logprobs: bool,
+                 sync_weights: SyncWeights = dict, last_step: Optional[int] = None,
                  wait_timeout_s: Optional[float] = None,
                  abandonable: Callable[[], ContextManager] = nullcontext) -> None:
+        self.max_staleness = int(self.overlap)
+        self.sync_weights = sync_weights
+        """The loop's collective sync, called by the hooks around the update."""
+        self.last_step = last_step
+        """The run's last RL step (no rollout is submitted past it); None: no end."""
         self.produce = produce
         self.prepare = prepare
         """``prepare(rollout, saved_old_logprobs)``: the step's batch and pi_old (collective);
@@ -122,7 +109,6 @@ class RolloutPipeline:
         self.sampler = sampler
         self.is_main = is_main
         self.world_size = world_size
-        self.overlap = overlap
         self.learner_logprobs = learner_logprobs
         self.wait_timeout_s = wait_timeout_s
         """The longest ``take`` waits for a background rollout (the engine's own stall deadline
@@ -185,8 +171,8 @@ class RolloutPipeline:
             (rollout, saved), self._restored = self._restored, None
         else:
             saved = None
-            rollout = _broadcast(self._main_rank_rollout(step) if self.is_main else None,
-                                 self.world_size)
+            rollout = broadcast_from_main(self._main_rank_rollout(step) if self.is_main else None,
+                                          self.world_size)
             raise_if_abandoned(rollout)
             if not self.is_main:  # every rank's sampler keeps the main rank's data position
                 self.sampler.next_batch(rollout.num_prompts_drawn)
@@ -209,9 +195,6 @@ class RolloutPipeline:
             return AbandonMarker(str(exc))
         self._job = None
         return rollout
-
-    def synced(self, trained_steps: int) -> None:
-        """The engine serves the weights after ``trained_steps`` (the async pipeline's hook)."""
 
     def retire_saturated(self, group_rewards) -> list:
         """Every rank, so the samplers stay identical (``data.retire_solved_prompts``)."""

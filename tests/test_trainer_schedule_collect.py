@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from gspo_megatron.config.schema import GSPOConfig
 from gspo_megatron.data.records import PromptRecord
 from gspo_megatron.rollout.types import Sample
-from gspo_megatron.trainer.rollout_step import collect_rollout, generation_seed
+from gspo_megatron.trainer.schedule.collect import collect_rollout, generation_seed
 
 N = 2  # samples per prompt
 
