@@ -5,7 +5,9 @@ embedded engine) depends on it: torch's CPU GEMM is fast in bf16 only where the 
 native bf16 dot products (AVX-512 BF16 or AMX); elsewhere bf16 goes through a slow path while
 fp32 keeps its vector kernels. The same commit's real-geometry train test took 51 s on the
 machine of docs/test_suite.md's clone 18 and 218 s on clone 19's. The table says which kind of
-machine this is, from the processor's own flags and a measurement side by side:
+machine this is, from the processor's own flags and a measurement side by side, with a third
+column: the same bf16 product under ``distributed/cpu_bf16_matmul.Fp32Matmuls`` (operands
+upcast, multiplied in fp32, the product rounded to bf16), what a bf16 run uses on such a CPU:
 
     python benchmarks/bench_cpu_matmul.py --doc docs/test_suite.md
 
@@ -40,33 +42,40 @@ def cpu_facts() -> Dict[str, str]:
     return {"model": model, "flags": " ".join(f for f in FLAGS if f in flags) or "none of them"}
 
 
-def gemm_seconds(size: int, dtype, repeats: int) -> float:
-    """Best of ``repeats`` timed ``torch.mm`` of two random ``size`` x ``size`` matrices."""
+def gemm_seconds(size: int, dtype, repeats: int, mode=None) -> float:
+    """Best of ``repeats`` timed ``torch.mm`` of two random ``size`` x ``size`` matrices
+    (``mode``: a dispatch mode the products run under)."""
+    import contextlib
+
     import torch
 
     gen = torch.Generator().manual_seed(size)
     a = torch.randn(size, size, generator=gen).to(dtype)
     b = torch.randn(size, size, generator=gen).to(dtype)
-    torch.mm(a, b)  # warm-up: kernel selection, first-touch of the output
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
+    with mode if mode is not None else contextlib.nullcontext():
+        torch.mm(a, b)  # warm-up: kernel selection, first-touch of the output
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - start)
     return best
 
 
 def measure(sizes: Sequence[int], repeats: int) -> List[dict]:
     import torch
 
+    from gspo_megatron.distributed.cpu_bf16_matmul import Fp32Matmuls
+
     rows = []
     for size in sizes:
         fp32 = gemm_seconds(size, torch.float32, repeats)
         bf16 = gemm_seconds(size, torch.bfloat16, repeats)
+        upcast = gemm_seconds(size, torch.bfloat16, repeats, mode=Fp32Matmuls())
         flops = 2 * size ** 3
-        rows.append({"size": size, "fp32_s": fp32, "bf16_s": bf16,
+        rows.append({"size": size, "fp32_s": fp32, "bf16_s": bf16, "bf16_in_fp32_s": upcast,
                      "fp32_gflops": flops / fp32 / 1e9, "bf16_gflops": flops / bf16 / 1e9,
-                     "bf16_over_fp32": bf16 / fp32})
+                     "bf16_over_fp32": bf16 / fp32, "bf16_over_bf16_in_fp32": bf16 / upcast})
     return rows
 
 
@@ -77,11 +86,13 @@ def render(rows: List[dict], facts: Dict[str, str], command: str) -> str:
              f"{facts['model']}, flags: {facts['flags']}; torch {torch.__version__}, "
              f"{torch.get_num_threads()} threads, {os.cpu_count()} CPUs, load average "
              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}):", "",
-             "| n x n | fp32 s | fp32 GFLOP/s | bf16 s | bf16 GFLOP/s | bf16 / fp32 time |",
-             "|---:|---:|---:|---:|---:|---:|"]
+             "| n x n | fp32 s | fp32 GFLOP/s | bf16 s | bf16 GFLOP/s | bf16 / fp32 time "
+             "| bf16 in fp32 s | bf16 / bf16 in fp32 time |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['size']} | {r['fp32_s']:.3g} | {r['fp32_gflops']:.1f} | "
-                     f"{r['bf16_s']:.3g} | {r['bf16_gflops']:.1f} | {r['bf16_over_fp32']:.1f}x |")
+                     f"{r['bf16_s']:.3g} | {r['bf16_gflops']:.1f} | {r['bf16_over_fp32']:.1f}x "
+                     f"| {r['bf16_in_fp32_s']:.3g} | {r['bf16_over_bf16_in_fp32']:.1f}x |")
     return "\n".join(lines)
 
 

@@ -1,4 +1,5 @@
-"""``benchmarks/bench_cpu_matmul.py`` on small sizes: one row per size with both dtypes timed,
+"""``benchmarks/bench_cpu_matmul.py`` on small sizes: one row per size with both dtypes (and bf16
+computed in fp32) timed,
 the processor's flags read, and the doc section replaced (and only it)."""
 
 import pytest
@@ -18,6 +19,7 @@ def test_a_small_run_times_both_dtypes_and_writes_only_its_section(tmp_path):
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert float(cells[1]) > 0 and float(cells[3]) > 0 and cells[5].endswith("x")
+        assert float(cells[6]) > 0 and cells[7].endswith("x")  # bf16 computed in fp32
     assert "flags: " in text
 
 

@@ -378,7 +378,7 @@ def test_a_warning_during_the_cold_start_keeps_what_it_learned(assets, tmp_path)
     assert [r["step"] for r in _rows(run_dir)] == [1, 2]
 
 
-def test_bad_inputs_stop_with_a_clear_error(assets, tmp_path, caplog):
+def test_bad_inputs_stop_with_a_clear_error(assets, tmp_path, caplog, monkeypatch):
     from gspo_megatron.cli.train import EXIT_CONFIG
 
     bad = tmp_path / "bad.jsonl"
@@ -399,6 +399,13 @@ def test_bad_inputs_stop_with_a_clear_error(assets, tmp_path, caplog):
         code = _train(0, _overrides(assets, tmp_path / "run", *extra, "trainer.num_steps=1"))["code"]
         assert code == EXIT_CONFIG, extra
         assert message in caplog.text, (extra, caplog.text[-2000:])
+    # the variable of bf16 products on a CPU: named with its choices, before anything starts
+    caplog.clear()
+    monkeypatch.setenv("GSPO_CPU_BF16_MATMUL", "fast")
+    code = _train(0, _overrides(assets, tmp_path / "run", "trainer.num_steps=1"))["code"]
+    assert code == EXIT_CONFIG
+    assert "GSPO_CPU_BF16_MATMUL='fast' is not one of auto, fp32, native" in caplog.text
+    assert not (tmp_path / "run").exists()
 
 
 

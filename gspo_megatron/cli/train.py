@@ -111,10 +111,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     code = preemption.exit_code_if_requested("loading the config")
     if code is not None:
         return code
+    from gspo_megatron.distributed.cpu_bf16_matmul import bf16_matmuls_in_fp32, setting_from_env
     from gspo_megatron.distributed.startup_gc import thaw_start_up
 
     try:
-        return _run(cfg, preemption, log)
+        setting = setting_from_env()
+    except ValueError as exc:  # the variable's value, named
+        log.error("%s", exc)
+        return EXIT_CONFIG
+    computes_bf16 = cfg.model.params_dtype == "bf16" or cfg.rollout.embedded_dtype == "bf16"
+    try:
+        with bf16_matmuls_in_fp32(computes_bf16, setting):  # a CPU without bf16 dot products
+            return _run(cfg, preemption, log)
     finally:  # after the run's frame is gone, or its parts could not be collected
         thaw_start_up()
         preemption.close()
