@@ -177,6 +177,7 @@ gspo_any_step_alive() {
 # Stop every running step: TERM through srun (it forwards to the tasks), KILL after the grace.
 gspo_stop_steps() {
   local pid deadline
+  if declare -F gspo_fleet_stop_probe >/dev/null; then gspo_fleet_stop_probe; fi
   for pid in "${GSPO_STEP_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   deadline=$((SECONDS + ${GSPO_KILL_GRACE_S:-30}))
   while gspo_any_step_alive && ((SECONDS < deadline)); do sleep 0.5; done
@@ -356,10 +357,13 @@ gspo_reap_ended_helper() {
 }
 
 # Poll the steps until the job is decided; wakes within a second for signals and exits.
-# A server that crashes makes the learner fail within seconds, and srun may report the learner's
-# exit before the server's: when the main step fails (not for a requeue), a helper step (a
-# server) that ends within GSPO_HELPER_EXIT_WAIT_S (5) seconds, or had ended already, is named
-# as the cause. Which step the poll visits first must not decide the message.
+# A rollout server's step that ends while the main step runs goes to slurm/fleet.sh (restart,
+# or the end of the job once its restart budget is spent); any other helper step ending then
+# fails the job. A server that crashes may make the learner fail within seconds, and srun may
+# report the learner's exit before the server's: when the main step fails (not for a requeue),
+# a helper step that ends within GSPO_HELPER_EXIT_WAIT_S (5) seconds, or had ended already, is
+# named as the cause (which step the poll visits first must not decide the message), unless no
+# server was up at all: then the job is requeued (slurm/fleet.sh, gspo_fleet_all_down).
 gspo_supervise() {
   local i code log main_name main_code helper deadline
   while true; do
@@ -376,10 +380,26 @@ gspo_supervise() {
       "${GSPO_LOG_DIR}/${main_name}.r${GSPO_RESTART}.log"; }; then
       gspo_main_step_done "$main_name" "$main_code"
     fi
+    if [[ -z $main_code && -n $helper ]] && declare -F gspo_fleet_on_exit >/dev/null; then
+      read -r i code <<<"$helper"
+      if gspo_fleet_on_exit "${GSPO_STEP_PIDS[$i]}" "$code"; then helper=""; fi
+    fi
     if [[ -n $main_code && -z $helper ]] && ((${#GSPO_STEP_PIDS[@]} > 1)); then
       deadline=$((SECONDS + ${GSPO_HELPER_EXIT_WAIT_S:-5}))
       while ((SECONDS < deadline)) && ! gspo_reap_ended_helper; do sleep 0.5; done
       helper=$GSPO_ENDED_HELPER
+    fi
+    if [[ -n $main_code ]] && declare -F gspo_fleet_all_down >/dev/null; then
+      if [[ -n $helper ]]; then
+        read -r i code <<<"$helper"
+        gspo_fleet_note_exit "${GSPO_STEP_PIDS[$i]}" "$code" || true
+      fi
+      if gspo_fleet_all_down; then
+        GSPO_KILL_GRACE_S=${GSPO_KILL_GRACE_S:-10}
+        gspo_stop_steps
+        gspo_requeue "main step '$main_name' exited with code $main_code while $GSPO_FLEET_ALL_DOWN_NOTE; \
+the job resumes from its last checkpoint$(gspo_progress_note)"
+      fi
     fi
     if [[ -n $helper ]]; then
       read -r i code <<<"$helper"
@@ -387,6 +407,7 @@ gspo_supervise() {
       gspo_fail "$code" "step '${GSPO_STEP_NAMES[$i]}' exited with code $code while the main step was running; log: $log" "$log"
     fi
     [[ -z $main_code ]] || gspo_main_step_done "$main_name" "$main_code"
+    if declare -F gspo_fleet_tick >/dev/null; then gspo_fleet_tick; fi
     if ((GSPO_PREEMPTED == 1)) && [[ -n $GSPO_EXIT_BY ]] &&
       (($(date +%s) >= GSPO_EXIT_BY + ${GSPO_HARD_STOP_GRACE_S:-15})); then
       gspo_log "the learner is still running $(($(date +%s) - GSPO_EXIT_BY)) s past its deadline: stopping it"

@@ -8,6 +8,9 @@
 # starts the servers, waits for their health, starts the learners and supervises
 # (slurm/lib.sh, which this file needs sourced first). `--dry-run` prints all of it instead.
 
+# shellcheck source=slurm/fleet.sh
+source "$GSPO_REPO/slurm/fleet.sh"
+
 # Settings that used to be environment variables; the config now holds each (one source).
 # shellcheck disable=SC2153  # the keys are names, not variables read here
 readonly -A GSPO_RETIRED_SETTINGS=(
@@ -139,11 +142,10 @@ gspo_train_main() {
   if ((${GSPO_DRY_RUN:-0})); then printf '# %s\n' "${GSPO_PLAN_NOTES[@]}"; fi
   if ((${#GSPO_HEALTH_URLS[@]})); then
     if ((${GSPO_DRY_RUN:-0})); then
-      printf '# the rollout servers, one task each:\n'
+      printf '# the rollout servers, one step each:\n'
       printf '#   %s\n' "${GSPO_SERVER_LINES[@]}"
     fi
-    gspo_start_step service rollout "${GSPO_ROLLOUT_SRUN[@]}" -- bash "$GSPO_REPO/slurm/rollout_server.sh"
-    gspo_wait_healthy "$GSPO_HEALTH_TIMEOUT_S" "${GSPO_HEALTH_URLS[@]}"
+    gspo_fleet_start
   fi
   if ((GSPO_PREEMPTED == 1)); then
     # The warning came while the servers started: nothing to save yet, come back later.

@@ -85,7 +85,9 @@ def test_four_node_plan_places_learners_and_servers():
     assert [n.name for n in plan.learner_nodes] == ["n1", "n2"] and [n.name for n in plan.rollout_nodes] == ["n3", "n4"]
     assert [s.address for s in plan.servers] == ["10.0.0.3:30000", "10.0.0.3:30001", "10.0.0.4:30000", "10.0.0.4:30001"]
     server = plan.servers[1]
-    assert (server.node, server.local_id, server.devices) == ("n3", 1, [4, 5, 6, 7])
+    assert (server.name, server.node, server.local_id, server.devices) == ("server1", "n3", 1, [4, 5, 6, 7])
+    assert [s.name for s in plan.servers] == ["server0", "server1", "server2", "server3"]
+    assert server.probe_url == "http://10.0.0.3:30001/health_generate"
     # the keyed launcher reads the job's keys from a file in the run directory: only its path
     # is on the line (docs/cluster.md, "Who can reach the job's servers")
     key_file = os.path.join(cfg.logging.run_dir if os.path.isabs(cfg.logging.run_dir) else
@@ -105,8 +107,8 @@ def test_four_node_plan_places_learners_and_servers():
     assert plan.learner_argv[-3:] == ["launch.num_nodes=4", "rollout.sglang.server_addresses=[10.0.0.3:30000,"
                                       "10.0.0.3:30001,10.0.0.4:30000,10.0.0.4:30001]",
                                       f"rollout.sglang.key_file={key_file}"]
-    assert plan.rollout_srun == ["--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "--cpus-per-task=48",
-                                 "--nodelist=n3,n4"]
+    # one step per server (its node added by slurm/fleet.sh): one server's exit ends no other
+    assert plan.server_srun == ["--nodes=1", "--ntasks=1", "--cpus-per-task=48"]
     assert plan.update_group_size(cfg) == 17 and plan.learner_world_size == 16
 
 
@@ -146,11 +148,14 @@ def test_cli_writes_a_plan_bash_can_source(tmp_path):
     code, out_sh, out_json = run_cli(tmp_path, "--config", PROD, "--nodelist", "n[1-4]", "--python", "py",
                                      "--job-id", "9", "--", "trainer.num_steps=3")
     assert code == 0
-    shown = subprocess.run(["bash", "-c", f'source {out_sh}; echo "${{GSPO_ROLLOUT_SRUN[*]}}|'
-                            '${GSPO_LEARNER_ARGV[-2]}|${#GSPO_HEALTH_URLS[@]}|$GSPO_HEALTH_TIMEOUT_S"'],
+    shown = subprocess.run(["bash", "-c", f'source {out_sh}; echo "${{GSPO_SERVER_SRUN[*]}}|'
+                            '${GSPO_LEARNER_ARGV[-2]}|${#GSPO_HEALTH_URLS[@]}|$GSPO_HEALTH_TIMEOUT_S|'
+                            '${GSPO_SERVER_NAMES[*]}|${GSPO_SERVER_NODES[*]}|${GSPO_PROBE_URLS[3]}|'
+                            '$GSPO_SERVER_RESTARTS_PER_HOUR|$GSPO_SERVER_HANG_TIMEOUT_S"'],
                            capture_output=True, text=True, check=True).stdout.strip()
-    assert shown == ("--nodes=2 --ntasks=4 --ntasks-per-node=2 --cpus-per-task=1 --nodelist=n3,n4|"
-                     "rollout.sglang.server_addresses=[n3:30000,n3:30001,n4:30000,n4:30001]|4|900")
+    assert shown == ("--nodes=1 --ntasks=1 --cpus-per-task=1|"
+                     "rollout.sglang.server_addresses=[n3:30000,n3:30001,n4:30000,n4:30001]|4|900|"
+                     "server0 server1 server2 server3|n3 n3 n4 n4|http://n4:30001/health_generate|3|300")
     record = json.loads(out_json.read_text())
     assert record["servers"][3]["address"] == "n4:30001" and "trainer.num_steps=3" in record["learner_argv"]
 
@@ -197,19 +202,25 @@ def test_cli_refusals_exit_2_with_the_reason(tmp_path, capsys, args, message):
     assert message in capsys.readouterr().err
 
 
-def test_server_task_execs_the_command_of_its_node_and_index(tmp_path):
-    plan = {"servers": [{"node": "n3", "local_id": i, "argv": [sys.executable, "-c", f"print('server {i}')"]}
-                        for i in range(2)]}
+def test_server_task_execs_the_command_of_its_name_on_its_node(tmp_path):
+    plan = {"servers": [{"name": f"server{i}", "node": "n3", "local_id": i,
+                         "argv": [sys.executable, "-c", f"print('server {i}')"]} for i in range(2)]}
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan))
-    env = {"SLURMD_NODENAME": "n3", "SLURM_LOCALID": "1", "PATH": "/usr/bin:/bin"}
-    run = subprocess.run([sys.executable, "-m", "gspo_megatron.launch.server_task", str(path)], cwd=REPO,
-                         env=env, capture_output=True, text=True, timeout=60)
+    env = {"SLURMD_NODENAME": "n3", "PATH": "/usr/bin:/bin"}
+
+    def task(*args):
+        return subprocess.run([sys.executable, "-m", "gspo_megatron.launch.server_task", str(path), *args],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    run = task("server1")
     assert (run.returncode, run.stdout) == (0, "server 1\n")
-    env["SLURMD_NODENAME"] = "n9"
-    run = subprocess.run([sys.executable, "-m", "gspo_megatron.launch.server_task", str(path)], cwd=REPO,
-                         env=env, capture_output=True, text=True, timeout=60)
-    assert run.returncode == 2 and "no server for task 1 on node n9" in run.stderr
+    run = task("server7")
+    assert run.returncode == 2 and "no server named 'server7'" in run.stderr
+    assert task().returncode == 2  # the name is required
+    env["SLURMD_NODENAME"] = "n9"  # a step that landed on another node would bind the wrong address
+    run = task("server1")
+    assert run.returncode == 2 and "server server1 of the launch plan belongs on node n3, but this step runs on n9" \
+        in run.stderr
 
 
 def test_the_planner_imports_neither_torch_nor_megatron():

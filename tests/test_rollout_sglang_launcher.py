@@ -29,6 +29,10 @@ def test_sglang_command_maps_the_config():
     assert "--enable-memory-saver" in cmd and "--enable-deterministic-inference" in cmd
     plain = sglang_server_command(SGLangConfig(), "/ckpt", 0)
     assert "--enable-memory-saver" not in plain and _flag(plain, "--port") == "30000"
+    # CPU servers have no GPU to start from: SGLang derives their threads' NUMA node from this id
+    # and asserts it below the host's node count, so a second server with id 1 died at start-up
+    cpu = sglang_server_command(SGLangConfig(tp=1, device="cpu", port=31000), "/ckpt", index=1)
+    assert _flag(cpu, "--base-gpu-id") == "0" and _flag(cpu, "--port") == "31001"
 
 
 def test_launcher_stops_only_its_own_processes(tmp_path):

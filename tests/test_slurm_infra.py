@@ -18,6 +18,8 @@ import json
 import os
 import re
 import shutil
+import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -120,6 +122,8 @@ or SIGTERM it checkpoints and exits 124 (with FAKE_IGNORE_WARNING it carries on)
 from its checkpoint. It keeps progress.env as the real trainer does. Events go to
 trainer_events.jsonl."""
 import json, os, signal, sys, time, urllib.request
+if int(os.environ.get("RANK", "0")) != 0:
+    sys.exit(0)  # one acting rank: a layout of several learner ranks per node runs the others too
 overrides = dict(a.split("=", 1) for a in sys.argv[2:])
 run_dir = overrides["logging.run_dir"]
 num_steps = int(overrides.get("trainer.num_steps", "5"))
@@ -320,21 +324,125 @@ def test_failed_convert_keeps_the_rest_of_the_chain_from_running(slurm1, standin
     slurm1.run("scancel", jobs["train"], jobs["export"])
 
 
-def test_server_crash_fails_the_job_and_stops_the_learner_on_the_other_node(slurm2, standins, tmp_path):
+def test_server_crash_without_restarts_fails_the_job_and_stops_the_learner_on_the_other_node(
+        slurm2, standins, tmp_path):
     run_dir = tmp_path / "run"
     job = slurm2.sbatch(
         "--nodes=2", f"--output={tmp_path}/job.out", "slurm/tiny_cpu.sh", "trainer.num_steps=100000",
-        "rollout.mode=disaggregated", "launch.num_learner_nodes=1",
+        "rollout.mode=disaggregated", "launch.num_learner_nodes=1", "rollout.sglang.restarts_per_hour=0",
         GSPO_RUN_DIR=str(run_dir), GSPO_HF_DIR=str(tmp_path), FAKE_SERVER_LOG=str(tmp_path / "server.jsonl"),
         FAKE_SERVER_EXIT_ON_SYNC="1", FAKE_STEP_S="0.2", **standins)
     info = slurm2.wait(job)
     assert (info["JobState"], info["ExitCode"]) == ("FAILED", "3:0"), info
     log = batch_log(run_dir, job)
-    assert "FAILED (exit code 3): step 'rollout' exited with code 3 while the main step was running" in log
+    assert ("FAILED (exit code 3): rollout server server0 (127.0.0.1:31000 on node2): exited with code 3 while "
+            "the main step was running (rollout.sglang.restarts_per_hour=0") in log
     events = read_jsonl(run_dir / "trainer_events.jsonl")
     learner_pid = next(e["pid"] for e in events if e["kind"] == "start")
     assert not any(e["kind"] == "done" for e in events)
     wait_for(lambda: not pid_alive(learner_pid), 15, "the learner process to be gone")
+
+
+# the fleet's timers at the scale of these jobs (slurm/fleet.sh): probe every second, at most 2 s each
+FLEET_FAST = dict(GSPO_FLEET_PROBE_S="1", GSPO_FLEET_PROBE_MAX_S="2", GSPO_SERVER_RESTART_DELAY_S="1")
+
+
+def server_pids(server_log: Path, port: int) -> List[int]:
+    """The processes that answered on ``port``, in the order they first did."""
+    pids: List[int] = []
+    for r in read_jsonl(server_log) if server_log.exists() else []:
+        if r["port"] == port and r["pid"] not in pids:
+            pids.append(r["pid"])
+    return pids
+
+
+def fleet_events(run_dir: Path) -> List[dict]:
+    path = run_dir / "fleet_events.jsonl"
+    return read_jsonl(path) if path.exists() else []
+
+
+def test_a_killed_server_and_a_stopped_one_are_restarted_while_the_learner_trains_on(slurm2, standins, tmp_path):
+    """Issue 50 on a real Slurm: three servers on the rollout node, each its own step. SIGKILL one
+    mid-run: its step ends, the job restarts it on its node and port; SIGSTOP another: it stops
+    answering /health_generate, is found hung after rollout.sglang.hang_timeout_s, killed
+    through Slurm (scancel --signal=KILL on its step: a stopped process ignores TERM) and
+    restarted. The learner trains on throughout and the job completes."""
+    run_dir, server_log = tmp_path / "run", tmp_path / "server.jsonl"
+    num_steps = 100
+    job = slurm2.sbatch(
+        "--nodes=2", f"--output={tmp_path}/job.out", "slurm/tiny_cpu.sh", f"trainer.num_steps={num_steps}",
+        "rollout.mode=disaggregated", "launch.num_learner_nodes=1", "launch.devices_per_node=3",
+        "rollout.sglang.num_servers=3",
+        "rollout.sglang.hang_timeout_s=4",
+        GSPO_RUN_DIR=str(run_dir), GSPO_HF_DIR=str(tmp_path), FAKE_SERVER_LOG=str(server_log),
+        FAKE_STEP_S="0.3", **FLEET_FAST, **standins)
+    stopped = None
+    try:
+        _wait_for_steps(run_dir / "trainer_events.jsonl", 3)
+        killed = server_pids(server_log, 31001)[0]
+        os.kill(killed, signal.SIGKILL)
+        wait_for(lambda: len(server_pids(server_log, 31001)) == 2, 60,
+                 "server1 to answer again from a new process")
+        stopped = server_pids(server_log, 31002)[0]
+        os.kill(stopped, signal.SIGSTOP)
+        info = slurm2.wait(job, timeout_s=150)
+    finally:
+        if stopped is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)
+        slurm2.run("scancel", job)  # a failed assertion above must not leave the job running
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), (info, batch_log(run_dir, job))
+    assert not pid_alive(stopped), "the hung server was killed, not left stopped"
+    assert len(server_pids(server_log, 31002)) == 2 and len(server_pids(server_log, 31000)) == 1
+    seen = [(e["server"], e["event"]) for e in fleet_events(run_dir)]
+    assert seen == [("server1", "down"), ("server1", "restarted"), ("server1", "healthy"),
+                    ("server2", "down"), ("server2", "restarted"), ("server2", "healthy")], seen
+    reasons = [e["reason"] for e in fleet_events(run_dir) if e["event"] == "down"]
+    assert reasons[0].startswith("exited with code") and reasons[1].startswith("hung: /health_generate")
+    # the learner trained every step; the restarted servers answered its later syncs
+    events = read_jsonl(run_dir / "trainer_events.jsonl")
+    assert [e["step"] for e in events if e["kind"] == "step"] == list(range(num_steps))
+    new_server1 = server_pids(server_log, 31001)[1]
+    assert any(r["pid"] == new_server1 and r["path"].startswith("/sync") for r in read_jsonl(server_log))
+    log = batch_log(run_dir, job)
+    assert "restarting rollout server server1 (127.0.0.1:31001 on node2)" in log and "job done" in log
+
+
+def test_a_restarted_server_whose_port_is_taken_ends_the_job_naming_it_and_its_log(slurm2, standins, tmp_path):
+    """The server's port is taken once it died (another process bound it): each restart fails in
+    its start-up, the budget is spent, and the job ends naming the server and quoting the
+    reason from its log; nothing of the job is left running."""
+    run_dir, server_log = tmp_path / "run", tmp_path / "server.jsonl"
+    job = slurm2.sbatch(
+        "--nodes=2", f"--output={tmp_path}/job.out", "slurm/tiny_cpu.sh", "trainer.num_steps=100000",
+        "rollout.mode=disaggregated", "launch.num_learner_nodes=1", "rollout.sglang.restarts_per_hour=2",
+        GSPO_RUN_DIR=str(run_dir), GSPO_HF_DIR=str(tmp_path), FAKE_SERVER_LOG=str(server_log),
+        FAKE_STEP_S="0.2", **{**FLEET_FAST, "GSPO_SERVER_RESTART_DELAY_S": "3"}, **standins)
+    squatter = socket.socket()
+    # the killed server's connections linger in TIME_WAIT; the restarted server (Python's
+    # HTTPServer reuses the address) and this one both bind past them
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        _wait_for_steps(run_dir / "trainer_events.jsonl", 2)
+        pid = server_pids(server_log, 31000)[0]
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(pid), 10, "the server to be gone")
+        squatter.bind(("127.0.0.1", 31000))
+        squatter.listen()
+        info = slurm2.wait(job, timeout_s=120)
+    finally:
+        squatter.close()
+        slurm2.run("scancel", job)  # a failed assertion above must not leave the job running
+    assert info["JobState"] == "FAILED", info
+    log = batch_log(run_dir, job)
+    assert re.search(r"FAILED \(exit code 1\): rollout server server0 \(127.0.0.1:31000 on node2\): exited with "
+                     r"code 1 during its start-up after a restart, after 2 restart\(s\) within the last hour "
+                     r"\(rollout.sglang.restarts_per_hour=2\): not restarted again; log: \S+/server0.r0.log", log), log
+    assert "Address already in use" in log  # the end of the server's log, quoted
+    learner_pid = next(e["pid"] for e in read_jsonl(run_dir / "trainer_events.jsonl") if e["kind"] == "start")
+    wait_for(lambda: not pid_alive(learner_pid), 15, "the learner process to be gone")
+    assert [e["event"] for e in fleet_events(run_dir)] == ["down", "restarted", "down", "restarted", "down",
+                                                           "gave_up"]
 
 
 def test_preempted_training_checkpoints_requeues_and_resumes_to_the_full_step_count(slurm1, standins, tmp_path):

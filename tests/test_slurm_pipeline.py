@@ -117,7 +117,7 @@ def test_learner_on_node1_and_the_real_sglang_server_on_node2(cluster2, tiny_ass
                          "rollout.weight_sync.verify_tolerance=1e-5"])
     batch = (run_dir / "logs" / jobs["train"] / "batch.log").read_text()
     assert "learner nodes node1; rollout nodes node2" in batch and "healthy: http://127.0.0.1:31000/health" in batch
-    server_log = (run_dir / "logs" / jobs["train"] / "rollout.r0.log").read_text()
+    server_log = (run_dir / "logs" / jobs["train"] / "server0.r0.log").read_text()
     assert "Load weight end" in server_log and "'api_key': '<redacted>'" in server_log  # real, keyed
     rows = read_jsonl(run_dir / "metrics.jsonl")
     probed = [r["weight_sync/probe_abs_logp"] for r in rows if "weight_sync/probe_abs_logp" in r]

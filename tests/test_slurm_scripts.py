@@ -202,9 +202,14 @@ def test_a_cluster_that_preempts_without_the_user_signal_is_named(tmp_path, conf
 
 
 # srun stand-in: records every call; runs the launch-plan step (it must produce the plan); a
-# server step runs until stopped; a learner step exits with FAKE_LEARNER_EXIT.
+# server step (--job-name=server<i>) runs until stopped, marking itself up in $FAKE_DIR/up; a
+# learner step exits with FAKE_LEARNER_EXIT after FAKE_LEARNER_S. Server faults, per server name
+# and counted over its starts ($FAKE_DIR/<name>.starts): FAKE_DIE_<name>=CODE:AFTER_S,... (its
+# k-th start exits with the k-th CODE after AFTER_S; later starts run), FAKE_HANG_<name>=AFTER_S,...
+# (its k-th start stops answering the probe after AFTER_S and ignores SIGTERM, as a SIGSTOPped
+# server does), FAKE_ROLLOUT_EXIT (every server exits with it at once).
 FAKE_SRUN = """#!/usr/bin/env python3
-import json, os, sys, time
+import json, os, signal, sys, time
 with open(os.environ["FAKE_SRUN_LOG"], "a") as f:
     keys = ("NCCL_IB_TIMEOUT", "CUDA_DEVICE_MAX_CONNECTIONS", "GSPO_WEIGHT_SYNC_ADDR", "GSPO_LAUNCH_PLAN",
             "GSPO_PYTHON", "OMP_NUM_THREADS")
@@ -212,19 +217,53 @@ with open(os.environ["FAKE_SRUN_LOG"], "a") as f:
 if "--job-name=plan" in sys.argv:
     first = next(i for i, a in enumerate(sys.argv) if i and not a.startswith("--"))
     os.execvp(sys.argv[first], sys.argv[first:])
-if "--job-name=rollout" in sys.argv:
+name = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--job-name=server")), None)
+if name:
     if os.environ.get("FAKE_ROLLOUT_EXIT"):
         sys.exit(int(os.environ["FAKE_ROLLOUT_EXIT"]))
+    fake = os.environ.get("FAKE_DIR") or os.path.dirname(os.environ["FAKE_SRUN_LOG"])
+    os.makedirs(os.path.join(fake, "up"), exist_ok=True)
+    counter = os.path.join(fake, name + ".starts")
+    starts = int(open(counter).read()) + 1 if os.path.exists(counter) else 1
+    open(counter, "w").write(str(starts))
+    hung = os.path.join(fake, "up", name + ".hung")
+    if os.path.exists(hung):
+        os.remove(hung)
+    open(os.path.join(fake, "up", name), "w").write(str(os.getpid()))
+    die = [d.split(":") for d in os.environ.get("FAKE_DIE_" + name, "").split(",") if d]
+    hang = [float(h) for h in os.environ.get("FAKE_HANG_" + name, "").split(",") if h]
+    if starts <= len(die):
+        time.sleep(float(die[starts - 1][1]))
+        sys.exit(int(die[starts - 1][0]))
+    if starts <= len(hang):
+        time.sleep(hang[starts - 1])
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        open(hung, "w").write("")
     time.sleep(600)  # a server: runs until the job stops it
+    sys.exit(0)
+time.sleep(float(os.environ.get("FAKE_LEARNER_S", "0")))
 sys.exit(int(os.environ.get("FAKE_LEARNER_EXIT", "0")))
 """
 
 
-# Healthy once a server step has started (as a real /health would be), unless told otherwise.
-FAKE_CURL = """#!/bin/sh
+# Healthy once a server step has started (as a real /health would be), unless told otherwise;
+# with -w (the fleet's probe) a server answers 200 while its step is alive and not hung
+# (FAKE_URL_<port>_<last octet> names the server of an address).
+FAKE_CURL = """#!/usr/bin/env bash
 if [ -n "$FAKE_CURL_EXIT" ]; then exit "$FAKE_CURL_EXIT"; fi
-grep -q job-name=rollout "$FAKE_SRUN_LOG" 2>/dev/null
+url=${@: -1}
+if [[ " $* " == *" -w "* ]]; then
+  hostport=${url#http://}; hostport=${hostport%%/*}; host=${hostport%:*}
+  var="FAKE_URL_${hostport##*:}_${host##*.}"; name=${!var:-}
+  up="${FAKE_DIR:-$(dirname "$FAKE_SRUN_LOG")}/up/$name"
+  if [[ -n $name && -r $up && ! -e $up.hung ]] && kill -0 "$(cat "$up")" 2>/dev/null; then printf 200; else printf 000; fi
+  exit 0
+fi
+grep -q job-name=server "$FAKE_SRUN_LOG" 2>/dev/null
 """
+
+# the production layout's four servers (two per rollout node n3, n4), for the fake curl
+FAKE_URLS = {f"FAKE_URL_{30000 + i % 2}_{3 + i // 2}": f"server{i}" for i in range(4)}
 
 GPU_JOB_ENV = dict(SLURM_JOB_NODELIST="n[1-4]", SLURM_JOB_ID="9", SLURM_JOB_NAME="gspo-30b",
                    SLURM_CPUS_ON_NODE="96", SLURM_GPUS_ON_NODE="8", SLURMD_NODENAME="n1")
@@ -238,7 +277,7 @@ def job_env(tmp_path: Path, **env: str) -> Dict[str, str]:
         (bindir / name).write_text(text)
         (bindir / name).chmod(0o755)
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "NCCL_", "GSPO_", "OMP_", "CUDA_"))}
-    full_env.update(PATH=f"{bindir}:{os.environ['PATH']}", FAKE_NODES="n1 n2 n3 n4",
+    full_env.update(PATH=f"{bindir}:{os.environ['PATH']}", FAKE_NODES="n1 n2 n3 n4", **FAKE_URLS,
                     FAKE_SRUN_LOG=str(tmp_path / "srun.jsonl"), SLURM_SUBMIT_DIR=str(REPO),
                     GSPO_RUN_DIR=str(tmp_path / "run"), GSPO_PYTHON=sys.executable, GSPO_KILL_GRACE_S="5",
                     **GPU_JOB_ENV)
@@ -267,12 +306,17 @@ def test_gpu_job_places_servers_and_learners_and_wires_them(tmp_path):
     proc, calls = run_gpu_job(tmp_path, "trainer.num_steps=3", *model_and_data(tmp_path),
                               GSPO_CONTAINER_IMAGE="/img/gspo.sqsh")
     assert proc.returncode == 0, proc.stderr
-    rollout, learner = calls
-    r = rollout["argv"]
-    for opt in ("--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "--nodelist=n3,n4", "--cpus-per-task=48",
-                "--container-image=/img/gspo.sqsh", "--overlap", "--kill-on-bad-exit=1"):
-        assert opt in r, opt
-    assert r[-2:] == ["bash", f"{REPO}/slurm/rollout_server.sh"]
+    *servers, learner = calls  # the learner starts once the servers are healthy
+    servers.sort(key=lambda call: call["argv"][-1])  # the steps start in parallel
+    # one step per server, on its node: one server's exit ends no other, and it can be restarted
+    assert [s["argv"][-1] for s in servers] == ["server0", "server1", "server2", "server3"]
+    for i, server in enumerate(servers):
+        r = server["argv"]
+        for opt in ("--nodes=1", "--ntasks=1", f"--nodelist=n{3 + i // 2}", "--cpus-per-task=48",
+                    "--container-image=/img/gspo.sqsh", "--overlap", f"--job-name=server{i}",
+                    f"--output={tmp_path}/run/logs/9/server{i}.r0.log", "--open-mode=append"):
+            assert opt in r, opt
+        assert r[-3:] == ["bash", f"{REPO}/slurm/rollout_server.sh", f"server{i}"]
     a = learner["argv"]
     for opt in ("--nodes=2", "--ntasks=2", "--nodelist=n1,n2", "--cpus-per-task=96", "--nnodes=2",
                 "--nproc-per-node=8", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29509",
@@ -311,13 +355,14 @@ def test_learners_and_servers_run_with_the_same_interpreter(tmp_path):
         (sys.executable, str(REPO / "gspo_megatron" / "rollout" / "sglang" / "keyed_launch.py"),
          str(key_file))}
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
-    # The server task script hands its Slurm task to that same interpreter.
+    # The server step's script hands the server it names to that same interpreter.
     fake_py = tmp_path / "python"
     fake_py.write_text('#!/bin/sh\necho "$0 $*"\n')
     fake_py.chmod(0o755)
-    out = subprocess.run(["bash", str(REPO / "slurm/rollout_server.sh")], capture_output=True, text=True,
-                         env={**os.environ, "GSPO_PYTHON": str(fake_py), "GSPO_LAUNCH_PLAN": "/p.json"}).stdout
-    assert out.split() == [str(fake_py), "-m", "gspo_megatron.launch.server_task", "/p.json"]
+    out = subprocess.run(["bash", str(REPO / "slurm/rollout_server.sh"), "server2"], capture_output=True,
+                         text=True, env={**os.environ, "GSPO_PYTHON": str(fake_py),
+                                         "GSPO_LAUNCH_PLAN": "/p.json"}).stdout
+    assert out.split() == [str(fake_py), "-m", "gspo_megatron.launch.server_task", "/p.json", "server2"]
 
 
 def test_colocated_layout_and_cluster_nccl_settings(tmp_path):
@@ -327,9 +372,11 @@ def test_colocated_layout_and_cluster_nccl_settings(tmp_path):
                               "parallel.world_size=32", "rollout.sglang.num_servers=8",
                               "rollout.sglang.mem_fraction_static=0.45", NCCL_IB_TIMEOUT="18")
     assert proc.returncode == 0, proc.stderr
-    rollout, learner = calls
+    *servers, learner = calls
+    servers.sort(key=lambda call: int(call["argv"][-1][len("server"):]))
     assert learner["env"]["NCCL_IB_TIMEOUT"] == "18" and "--nodelist=n1,n2,n3,n4" in learner["argv"]
-    assert "--nodelist=n1,n2,n3,n4" in rollout["argv"] and "--ntasks=8" in rollout["argv"]
+    assert [next(a for a in s["argv"] if a.startswith("--nodelist=")) for s in servers] == [
+        f"--nodelist=n{1 + i // 2}" for i in range(8)]
     plan = json.loads((tmp_path / "run/logs/9/launch_plan.r0.json").read_text())
     assert all("--enable-memory-saver" in s["argv"] for s in plan["servers"])
 
@@ -354,10 +401,11 @@ def test_learner_crash_fails_the_job_with_its_code_and_stops_the_servers(tmp_pat
     proc, calls = run_gpu_job(tmp_path, FAKE_LEARNER_EXIT="7")
     assert proc.returncode == 7
     assert "FAILED (exit code 7): main step 'learner' exited with code 7" in proc.stderr
-    rollout_pid = calls[0]["pid"]
-    assert "--job-name=rollout" in calls[0]["argv"]
-    with pytest.raises(ProcessLookupError):
-        os.kill(rollout_pid, 0)  # the server step was stopped before the job returned
+    servers = [c for c in calls if any(a.startswith("--job-name=server") for a in c["argv"])]
+    assert len(servers) == 4
+    for server in servers:
+        with pytest.raises(ProcessLookupError):
+            os.kill(server["pid"], 0)  # every server step was stopped before the job returned
 
 
 SUPERVISE_ENDED_STEPS = """
@@ -399,8 +447,9 @@ def test_cpus_per_task_splits_the_node(tmp_path):
 def test_server_that_dies_before_healthy_fails_the_job(tmp_path):
     proc, calls = run_gpu_job(tmp_path, FAKE_ROLLOUT_EXIT="4", FAKE_CURL_EXIT="7")
     assert proc.returncode == 4
-    assert "step 'rollout' exited (code 4) before the servers were healthy" in proc.stderr
-    assert len(calls) == 1, "the learner must not start"
+    assert re.search(r"step 'server[0-3]' exited \(code 4\) before the servers were healthy", proc.stderr)
+    assert all(any(a.startswith("--job-name=server") for a in c["argv"]) for c in calls), \
+        "the learner must not start"
 
 
 def test_servers_that_never_get_healthy_time_out(tmp_path):
@@ -455,13 +504,19 @@ logging.run_dir=/runs/r9
 # learners: n1, n2, 8 rank(s) each, world 16
 # servers: 4 on n3, n4, 2 per node
 # weight-update group: learner rank 0 + 4 server(s) x 4 TP worker(s) = 17 ranks, at rank 0's own address
-# the rollout servers, one task each:
-#   n3 task 0 (devices 0-3): {server} 10.0.0.3 --port 30000 {fleet} --base-gpu-id 0
-#   n3 task 1 (devices 4-7): {server} 10.0.0.3 --port 30001 {fleet} --base-gpu-id 4
-#   n4 task 0 (devices 0-3): {server} 10.0.0.4 --port 30000 {fleet} --base-gpu-id 0
-#   n4 task 1 (devices 4-7): {server} 10.0.0.4 --port 30001 {fleet} --base-gpu-id 4
-srun --overlap --kill-on-bad-exit=1 --job-name=rollout --output=/runs/r9/logs/9/rollout.r0.log {container} \
---nodes=2 --ntasks=4 --ntasks-per-node=2 --cpus-per-task=48 --nodelist=n3,n4 bash {repo}/slurm/rollout_server.sh
+# the rollout servers, one step each:
+#   server0 on n3 (devices 0-3): {server} 10.0.0.3 --port 30000 {fleet} --base-gpu-id 0
+#   server1 on n3 (devices 4-7): {server} 10.0.0.3 --port 30001 {fleet} --base-gpu-id 4
+#   server2 on n4 (devices 0-3): {server} 10.0.0.4 --port 30000 {fleet} --base-gpu-id 0
+#   server3 on n4 (devices 4-7): {server} 10.0.0.4 --port 30001 {fleet} --base-gpu-id 4
+srun --overlap --kill-on-bad-exit=1 --job-name=server0 --output=/runs/r9/logs/9/server0.r0.log {container} \
+--nodes=1 --ntasks=1 --cpus-per-task=48 --nodelist=n3 --open-mode=append bash {repo}/slurm/rollout_server.sh server0
+srun --overlap --kill-on-bad-exit=1 --job-name=server1 --output=/runs/r9/logs/9/server1.r0.log {container} \
+--nodes=1 --ntasks=1 --cpus-per-task=48 --nodelist=n3 --open-mode=append bash {repo}/slurm/rollout_server.sh server1
+srun --overlap --kill-on-bad-exit=1 --job-name=server2 --output=/runs/r9/logs/9/server2.r0.log {container} \
+--nodes=1 --ntasks=1 --cpus-per-task=48 --nodelist=n4 --open-mode=append bash {repo}/slurm/rollout_server.sh server2
+srun --overlap --kill-on-bad-exit=1 --job-name=server3 --output=/runs/r9/logs/9/server3.r0.log {container} \
+--nodes=1 --ntasks=1 --cpus-per-task=48 --nodelist=n4 --open-mode=append bash {repo}/slurm/rollout_server.sh server3
 # then wait up to 900s for: http://10.0.0.3:30000/health http://10.0.0.3:30001/health \
 http://10.0.0.4:30000/health http://10.0.0.4:30001/health
 # the learners (torchrun numbers the ranks at rendezvous):
@@ -502,7 +557,7 @@ def test_dry_run_without_slurm_takes_a_host_list_and_refuses_a_bad_layout(tmp_pa
     ok = subprocess.run(["bash", str(REPO / "slurm/gspo_30b.sh"), "--dry-run", "--nodelist", "gpu[07-10]"],
                         env=env, capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
-    assert "#   gpu10 task 1 (devices 4-7): " in ok.stdout and "--rdzv-endpoint=gpu07:29500" in ok.stdout
+    assert "#   server3 on gpu10 (devices 4-7): " in ok.stdout and "--rdzv-endpoint=gpu07:29500" in ok.stdout
     bad = subprocess.run(["bash", str(REPO / "slurm/gspo_30b.sh"), "--dry-run", "--nodelist", "gpu[1-3]"],
                          env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "srun" not in bad.stdout

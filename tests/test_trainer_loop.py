@@ -423,9 +423,21 @@ def test_loop_with_reference_servers(assets, tmp_path, mode, caplog):
     if mode == "disaggregated":
         extra += ["algo.routing_replay=rollout", "algo.old_logprob_source=learner"]
     caplog.set_level("INFO", logger="gspo_megatron.rollout.sglang.launcher")
+    if mode == "disaggregated":  # what a Slurm job's fleet supervisor wrote (slurm/fleet.sh)
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "fleet_events.jsonl").write_text(
+            '{"server": "server0", "address": "h:1", "event": "down", "reason": "exited with code 9"}\n'
+            '{"server": "server0", "address": "h:1", "event": "restarted"}\n'
+            '{"server": "server0", "address": "h:1", "event": "healthy", "down_s": 12}\n')
     assert _train(0, _overrides(assets, tmp_path, *extra))["code"] == 0
     rows = _check_run(tmp_path, 1)
     sync = rows[1]
+    assert sync["rollout/live_servers"] == 1.0 and sync["rollout/dead_servers"] == 0.0
+    if mode == "disaggregated":
+        assert (sync["rollout/server_restarts"], sync["rollout/servers_down"], sync["rollout/server_down_s"]) == \
+            (1.0, 0.0, 12.0)
+    else:
+        assert "rollout/server_restarts" not in sync  # no Slurm job, no fleet events
     assert sync["weight_sync/num_servers"] == 1.0 and sync["weight_sync/num_skipped_servers"] == 0.0
     assert sync["weight_sync/probe_abs_logp"] < 1e-5  # the probe after the sync (colocated too)
     for phase in ("pause", "begin", "end", "transfer"):

@@ -59,3 +59,25 @@ def test_a_server_with_other_weights_stops_the_run_naming_it(servers):
     with pytest.raises(WeightsDidNotArrive, match=rf"version 6, rollout server {other.address}"):
         both("6")
     assert len(learner.batches[-1].token_ids) == 2  # one probe sequence per server
+
+
+def test_fewer_live_servers_than_data_parallel_ranks_still_give_every_rank_a_share(servers):
+    """A server died (or the fleet is small): two probes for three data-parallel ranks. The
+    learner's pass refuses a batch smaller than its DP size (learner/batch.py, plan_step), so
+    the probes are repeated to a multiple of it; each server is judged on its own probe."""
+    same, other = servers
+    model, tok = build_tiny_policy(seed=0)
+    prompt = tok("12+7=")["input_ids"]
+    learner = HFLearner(model)
+    learner.dp_size = 3
+    check = SyncCheck(learner, SGLangEngine([same.address, other.address], request_timeout_s=30), prompt,
+                      temperature=0.7, tolerance=1e-4, is_main=True)
+    with pytest.raises(WeightsDidNotArrive, match=rf"rollout server {other.address}"):
+        check("7")
+    rows = learner.batches[-1].token_ids
+    assert len(rows) == 3 and rows[2] == rows[0]  # padded by repeating, multiple of the DP size
+    learner.dp_size = 2
+    alone = SyncCheck(learner, SGLangEngine([same.address], request_timeout_s=30), prompt,
+                      temperature=0.7, tolerance=1e-4, is_main=True)
+    assert alone("8")["weight_sync/probe_abs_logp"] < 1e-5
+    assert len(learner.batches[-1].token_ids) == 2

@@ -135,6 +135,76 @@ def test_a_lost_bucket_is_named_cancelled_and_ends_the_job_with_exit_5(reason, w
         assert code == EXIT_CONFIG
 
 
+def test_a_server_lost_mid_update_drains_the_gather_then_every_rank_learns_it():
+    """A dead server inside bucket 2 of 3: nothing more is sent, but every bucket is still drawn
+    from the gather (a collective: the other ranks are inside it), the update is cancelled and
+    ``MemberLost`` (a ``BucketFailed``) is raised so that the caller sends it again; the next
+    update re-forms the group. A refusal is no loss: it stays a plain ``BucketFailed``."""
+    from gspo_megatron.rollout.sglang import api
+    from gspo_megatron.rollout.sglang.client import ServerUnavailable
+    from gspo_megatron.weight_sync.sync import BucketFailed, MemberLost
+
+    drawn = []
+
+    def gather():
+        for bucket in iter_buckets(TENSORS, 64):
+            drawn.append(bucket.names)
+            yield bucket
+
+    class DiesOnce(Sink):
+        error = ServerUnavailable("b:1/update_weights_from_distributed: connection refused")
+
+        def send_bucket(self, bucket, weight_version=None):
+            if weight_version == "v1" and len([c for c in self.engine.calls if c[0] == "bucket"]) == 1:
+                raise self.error
+            super().send_bucket(bucket, weight_version)
+
+    eng = Recorder()
+    sink, coord = DiesOnce(eng), Coordinator()
+    with pytest.raises(MemberLost, match=r"weight update v1: bucket 2 .* ServerUnavailable") as lost:
+        run_update(eng, sink, gather(), "v1", coord)
+    assert lost.value.index == 2 and isinstance(lost.value.reason, ServerUnavailable)
+    assert len(drawn) == 3 and [c[0] for c in eng.calls] == ["begin", "connect", "bucket", "cancel"]
+    assert coord.last_members is None  # re-formed at the next update
+    eng.calls.clear()
+    run_update(eng, sink, iter_buckets(TENSORS, 64), "v2", coord)
+    assert [c[0] for c in eng.calls] == ["begin", "connect", "bucket", "bucket", "bucket", "finish_transport",
+                                         "finish"]
+
+    sink.error = api.ServerRefused("b:1", api.UPDATE_FROM_DISTRIBUTED, "no session")
+    eng.calls.clear()
+    with pytest.raises(BucketFailed) as refused:
+        run_update(eng, sink, iter_buckets(TENSORS, 64), "v1", coord)
+    assert not isinstance(refused.value, MemberLost)
+
+
+def test_the_learners_sync_sends_again_after_a_lost_member_within_its_attempts(monkeypatch):
+    from gspo_megatron.weight_sync.learner_sync import LearnerWeightSync
+    from gspo_megatron.rollout.types import WeightSyncStats
+    from gspo_megatron.weight_sync.sync import MemberLost
+
+    sync = LearnerWeightSync(learner=None, engine=None, transport=None, dst="rank0", bucket_bytes=64,
+                             max_attempts=3)
+    sync._coord = Coordinator()
+    outcomes = [MemberLost("weight update v1: bucket 1 ...", "v1", 1, None)] * 2 + [WeightSyncStats()]
+    calls = []
+
+    def update(version, coord):
+        calls.append(version)
+        outcome = outcomes[len(calls) - 1]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(sync, "_update", update)
+    assert sync("v1")["weight_sync/attempts"] == 3.0 and calls == ["v1"] * 3
+    calls.clear()
+    outcomes[2] = outcomes[0]
+    with pytest.raises(MemberLost):
+        sync("v1")
+    assert len(calls) == 3
+
+
 class Profiled(Sink):
     """A transport that splits its send into two timed parts, as the real ones do."""
 

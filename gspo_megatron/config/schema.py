@@ -312,6 +312,16 @@ class SGLangConfig:
     request_timeout_s: float = 600.0
     max_retries: int = 3
     health_timeout_s: float = 900.0
+    """How long a server may take to answer ``/health``: the job's first start, and each restart
+    (a restarted server still unhealthy after it is stopped and counted as a failed restart)."""
+    restarts_per_hour: int = 3
+    """Slurm job only (slurm/fleet.sh): a server whose step dies or hangs while the learner
+    runs is restarted on its node (same port and keys) and rejoins at the next weight sync, at
+    most this many times within any hour per server; one more death ends the job naming the
+    server and its log. 0: a server's death ends the job."""
+    hang_timeout_s: float = 300.0
+    """Slurm job only: a server whose ``/health_generate`` has not answered 200 for this long
+    (while it had been healthy) is hung: killed and restarted like a dead one."""
     max_concurrency_per_server: int = 64
     """Requests in flight per server."""
     deterministic_inference: bool = False

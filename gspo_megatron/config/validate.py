@@ -121,6 +121,7 @@ LOWER_BOUNDS = (
     ("rollout.max_new_tokens", 1, True), ("rollout.n_samples_per_prompt", 1, True),
     ("rollout.sglang.num_servers", 1, True), ("rollout.sglang.max_retries", 0, True),
     ("rollout.sglang.request_timeout_s", 0.0, False), ("rollout.sglang.health_timeout_s", 0.0, False),
+    ("rollout.sglang.restarts_per_hour", 0, True), ("rollout.sglang.hang_timeout_s", 0.0, False),
     ("rollout.sglang.max_concurrency_per_server", 1, True),
     ("data.max_prompt_tokens", 1, True), ("data.max_bad_row_fraction", 0.0, True),
     ("reward.timeout_s", 0.0, False), ("reward.num_workers", 1, True),

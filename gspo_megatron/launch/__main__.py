@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 from dataclasses import asdict
@@ -83,16 +84,22 @@ def plan_as_bash(plan: LaunchPlan, cfg) -> str:
         bash_array("GSPO_LEARNER_NODES", [n.name for n in plan.learner_nodes]),
         bash_array("GSPO_ROLLOUT_NODES", [n.name for n in plan.rollout_nodes]),
         bash_array("GSPO_LEARNER_SRUN", plan.learner_srun),
-        bash_array("GSPO_ROLLOUT_SRUN", plan.rollout_srun),
+        bash_array("GSPO_SERVER_SRUN", plan.server_srun),
+        bash_array("GSPO_SERVER_NAMES", [s.name for s in plan.servers]),
+        bash_array("GSPO_SERVER_NODES", [s.node for s in plan.servers]),
+        bash_array("GSPO_SERVER_ADDRESSES", [s.address for s in plan.servers]),
+        bash_array("GSPO_PROBE_URLS", [s.probe_url for s in plan.servers]),
         bash_array("GSPO_LEARNER_ARGV", plan.learner_argv),
         bash_array("GSPO_HEALTH_URLS", [s.health_url for s in plan.servers]),
-        bash_array("GSPO_SERVER_LINES", [f"{s.node} task {s.local_id} (devices {s.devices[0]}-"
+        bash_array("GSPO_SERVER_LINES", [f"{s.name} on {s.node} (devices {s.devices[0]}-"
                                          f"{s.devices[-1]}): {shlex.join(s.argv)}" for s in plan.servers]),
         bash_array("GSPO_PLAN_NOTES", plan_notes(plan, cfg)),
         bash_array("GSPO_MOUNT_SOURCES", [m.source for m in plan.mounts]),
         bash_array("GSPO_MOUNT_ORIGINS", [m.origin for m in plan.mounts]),
         f"GSPO_MOUNTS={shlex.quote(mounts_spec(plan.mounts))}",
         f"GSPO_HEALTH_TIMEOUT_S={int(cfg.rollout.sglang.health_timeout_s)}",
+        f"GSPO_SERVER_RESTARTS_PER_HOUR={int(cfg.rollout.sglang.restarts_per_hour)}",
+        f"GSPO_SERVER_HANG_TIMEOUT_S={int(math.ceil(cfg.rollout.sglang.hang_timeout_s))}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -102,7 +109,7 @@ def plan_as_json(plan: LaunchPlan) -> str:
         "learner_nodes": [asdict(n) for n in plan.learner_nodes],
         "rollout_nodes": [asdict(n) for n in plan.rollout_nodes],
         "servers": [asdict(s) for s in plan.servers],
-        "learner_srun": plan.learner_srun, "rollout_srun": plan.rollout_srun,
+        "learner_srun": plan.learner_srun, "server_srun": plan.server_srun,
         "learner_argv": plan.learner_argv, "mounts": [asdict(m) for m in plan.mounts],
     }
     return json.dumps(record, indent=2) + "\n"

@@ -61,8 +61,10 @@ class JobSettings:
 
 @dataclass(frozen=True)
 class ServerTask:
-    """One rollout server: Slurm task ``local_id`` of ``node``."""
+    """One rollout server: its own Slurm step on ``node`` (the ``local_id``-th server there)."""
 
+    name: str
+    """``server<i>``, i its index in the fleet: the step's name and its log's."""
     node: str
     local_id: int
     address: str
@@ -75,6 +77,14 @@ class ServerTask:
     @property
     def health_url(self) -> str:
         return f"http://{self.address}/health"
+
+    @property
+    def probe_url(self) -> str:
+        """What the job's supervisor polls while the run goes on: SGLang's ``/health_generate``
+        answers only when its scheduler produced output within ``SGLANG_HEALTH_CHECK_TIMEOUT``
+        (20 s; ``srt/entrypoints/http_server.py``), so a server whose HTTP front is up but whose
+        scheduler is stuck fails it, where ``/health`` may still answer."""
+        return f"http://{self.address}/health_generate"
 
 
 @dataclass
@@ -89,7 +99,10 @@ class LaunchPlan:
     trainer_overrides: List[str]
     mounts: List[Mount]
     learner_srun: List[str] = field(default_factory=list)
-    rollout_srun: List[str] = field(default_factory=list)
+    server_srun: List[str] = field(default_factory=list)
+    """srun options of every server's own step (the node is the server's, ``--nodelist``): one
+    step per server, so that one server's exit ends no other and the job can restart it
+    (slurm/fleet.sh)."""
 
     @property
     def learner_world_size(self) -> int:
@@ -164,7 +177,7 @@ def server_tasks(cfg, rollout_nodes: Sequence[Node], roles: NodeRoles, job: JobS
                                                 return_routed_experts=routed)
             devices = list(range(i * per_server, (i + 1) * per_server))
             env = sglang_server_env(s) if cfg.rollout.engine == "sglang" else {}
-            tasks.append(ServerTask(node.name, i, f"{node.addr}:{s.port + i}", devices,
+            tasks.append(ServerTask(f"server{len(tasks)}", node.name, i, f"{node.addr}:{s.port + i}", devices,
                                     _with_entry(argv, job.rollout_entry), env))
     return tasks
 
@@ -203,19 +216,21 @@ def build_plan(cfg, nodes: Sequence[Node], job: JobSettings,
                          f"--nodelist={','.join(n.name for n in learners)}"]
     if servers:
         per_node = roles.servers_per_node
-        plan.rollout_srun = [f"--nodes={len(rollout_nodes)}", f"--ntasks={len(servers)}",
-                             f"--ntasks-per-node={per_node}",
-                             f"--cpus-per-task={max(job.cpus_per_node // per_node, 1)}",
-                             f"--nodelist={','.join(n.name for n in rollout_nodes)}"]
+        plan.server_srun = ["--nodes=1", "--ntasks=1",
+                            f"--cpus-per-task={max(job.cpus_per_node // per_node, 1)}"]
     return plan
 
 
-def server_for(plan_servers: Sequence[Dict], node: str, local_id: int) -> Dict:
-    """The server entry (from the plan's JSON) of Slurm task ``local_id`` on ``node``."""
+def server_for(plan_servers: Sequence[Dict], name: str, node: str) -> Dict:
+    """The server entry (from the plan's JSON) named ``name``, which must run on ``node``."""
     for server in plan_servers:
-        if server["node"] == node and server["local_id"] == local_id:
+        if server["name"] == name:
+            if server["node"] != node:
+                raise LookupError(f"server {name} of the launch plan belongs on node "
+                                  f"{server['node']}, but this step runs on {node}")
             return server
-    raise LookupError(f"the launch plan has no server for task {local_id} on node {node}")
+    raise LookupError(f"the launch plan has no server named {name!r} (it has "
+                      f"{[s['name'] for s in plan_servers]})")
 
 
 def bash_array(name: str, values: Sequence[str]) -> str:

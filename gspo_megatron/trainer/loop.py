@@ -35,6 +35,7 @@ one (``trainer/preemption.py``, ``trainer/deadline.py``).
 from __future__ import annotations
 
 import logging
+import os
 import resource
 import time
 from dataclasses import dataclass, replace
@@ -47,6 +48,7 @@ from gspo_megatron.algorithms.correction import kept_fraction
 from gspo_megatron.faults import kill_points
 from gspo_megatron.learner.batch import SequenceBatch
 from gspo_megatron.learner.optimizer import constant_learning_rate, reset_adam_state
+from gspo_megatron.rollout.fleet_events import FleetEventLog
 from gspo_megatron.trainer.batching import (rollout_routing_shape, rollout_to_sequence_batch,
                                              sft_batch)
 from gspo_megatron.trainer.build import TrainerParts
@@ -107,6 +109,8 @@ class GSPOTrainer:
             wait_timeout_s=_stall_timeout(parts.engine),
             abandonable=parts.preemption.abandonable)  # the main rank's waits for a rollout
         """When rollouts are made and taken (``trainer/schedule/``, one file per k)."""
+        self.fleet_events = FleetEventLog.for_run(cfg.logging.run_dir) if parts.runtime.is_main else None
+        """The Slurm job's record of its servers' deaths and restarts (slurm/fleet.sh)."""
 
     # ---- the phases ----------------------------------------------------------------------
     def _produce(self, step: int) -> ScoredRollout:
@@ -228,9 +232,21 @@ class GSPOTrainer:
         p.preemption.times.observe("generate", ready.wait_s)
         p.preemption.times.observe("update", metrics["time/step_s"] - ready.wait_s)
         metrics["memory/peak_gb"] = peak_memory_gb()
+        metrics.update(self.fleet_metrics())
         if p.overlap_threads is not None:
             metrics.update(p.overlap_threads.after_step(step, metrics))
         return metrics
+
+    def fleet_metrics(self) -> Dict[str, float]:
+        """The servers the engine uses now (``rollout/live_servers``) and, in a Slurm job, the
+        job's restarts of dead or hung ones (:class:`FleetEventLog`); main rank only."""
+        if not self.p.runtime.is_main:
+            return {}
+        live = getattr(self.p.engine, "fleet_metrics", None)
+        out = dict(live()) if live is not None else {}
+        if self.fleet_events is not None and os.path.exists(self.fleet_events.path):
+            out.update(self.fleet_events.metrics())
+        return out
 
     def _masked_out(self, mini) -> bool:
         """``algo.tis.mode=mask`` dropped every sequence (or token) of ``mini``: its update would

@@ -57,8 +57,12 @@ class SyncCheck:
         addresses: List[str] = sorted(probes)
         if not addresses:
             return {}
-        batch = SequenceBatch(token_ids=[self.prompt + list(probes[a][0]) for a in addresses],
-                              prompt_lens=[len(self.prompt)] * len(addresses))
+        # Every data-parallel rank needs a share: with fewer live servers than ranks (a server
+        # died, a small fleet), the probes are repeated to a multiple of the ranks.
+        dp = max(int(getattr(self.learner, "dp_size", 1)), 1)
+        rows = [self.prompt + list(probes[a][0]) for a in addresses]
+        rows = (rows * dp)[:-(-len(rows) // dp) * dp]
+        batch = SequenceBatch(token_ids=rows, prompt_lens=[len(self.prompt)] * len(rows))
         learner_lp = self.learner.compute_logprobs(batch, temperature=self.params.temperature).logprobs
         if not self.is_main:
             return {}

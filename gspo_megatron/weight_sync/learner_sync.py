@@ -10,6 +10,7 @@ stage's first rank (the broadcast transport: each stage sends its own buckets).
 
 from __future__ import annotations
 
+import logging
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -18,7 +19,9 @@ import torch.distributed as dist
 from gspo_megatron.checkpoint.gather import Layout, ReusedBuffers, iter_hf_buckets
 from gspo_megatron.checkpoint.learner_hf import unwrapped_chunks
 from gspo_megatron.weight_sync.buckets import Bucket
-from gspo_megatron.weight_sync.sync import BucketTransport, Coordinator, run_update
+from gspo_megatron.weight_sync.sync import BucketTransport, Coordinator, MemberLost, run_update
+
+log = logging.getLogger(__name__)
 
 
 class DistCoordinator(Coordinator):
@@ -50,7 +53,7 @@ class LearnerWeightSync:
     """Collective: streams the learner's current weights into the engine, one update per call."""
 
     def __init__(self, learner, engine, transport: Optional[BucketTransport], dst: str,
-                 bucket_bytes: int) -> None:
+                 bucket_bytes: int, max_attempts: int = 3) -> None:
         if dst not in ("rank0", "stage"):
             raise ValueError(f"dst must be 'rank0' or 'stage', got {dst!r}")
         self.learner = learner
@@ -58,6 +61,9 @@ class LearnerWeightSync:
         self.transport = transport
         self.dst = dst
         self.bucket_bytes = bucket_bytes
+        self.max_attempts = max_attempts
+        """Sends of one update when servers die during it (:class:`MemberLost`): each new
+        attempt goes to the servers left, so a few deaths at once cost a few attempts."""
         self._coord: Optional[Coordinator] = None
 
     def coordinator(self) -> Coordinator:
@@ -74,6 +80,22 @@ class LearnerWeightSync:
 
     def __call__(self, weight_version: Optional[str]) -> Dict[str, float]:
         coord = self.coordinator()
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                stats = self._update(weight_version, coord)
+                break
+            except MemberLost as exc:  # raised on every rank alike
+                if attempt == self.max_attempts:
+                    raise
+                log.warning("%s; a rollout server was lost during the update: sending it again to "
+                            "the servers left (attempt %d of %d)", exc, attempt + 1, self.max_attempts)
+        if not coord.is_main:
+            return {}
+        metrics = stats.as_metrics()
+        metrics["weight_sync/attempts"] = float(attempt)
+        return metrics
+
+    def _update(self, weight_version: Optional[str], coord: Coordinator):
         # every transport is done with a bucket before it asks for the next: one set of
         # receive buffers serves the whole update (the transport may want them shared)
         buffers = (self.transport.gather_buffers() if self.transport is not None
@@ -82,7 +104,6 @@ class LearnerWeightSync:
             buckets = (Bucket.from_items(b) for b in
                        iter_hf_buckets(unwrapped_chunks(self.learner), self.learner.model_cfg,
                                        self.bucket_bytes, self.dst, buffers))
-            stats = run_update(self.engine, self.transport, buckets, weight_version, coord)
+            return run_update(self.engine, self.transport, buckets, weight_version, coord)
         finally:
             buffers.release()  # held for one update only
-        return stats.as_metrics() if coord.is_main else {}

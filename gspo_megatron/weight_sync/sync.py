@@ -105,6 +105,26 @@ class BucketFailed(RuntimeError):
         self.weight_version, self.index, self.reason = weight_version, index, reason
 
 
+class MemberLost(BucketFailed):
+    """A server became unreachable (it died, or stopped answering) while an update was being
+    sent to it. The update was carried to its end on every rank without sending (the learner's
+    gather is collective), then cancelled on the servers: the caller sends it again, to the
+    members left (``LearnerWeightSync``); the lost server leaves the pool at that ``begin``."""
+
+    def __init__(self, message: str, weight_version: Optional[str], index: int,
+                 reason: Optional[BaseException]) -> None:
+        RuntimeError.__init__(self, message)
+        self.weight_version, self.index, self.reason = weight_version, index, reason
+
+
+def _member_lost(exc: BaseException) -> bool:
+    """A failure that a server's death or silence explains (not a refusal: that stays fatal)."""
+    from gspo_megatron.rollout.sglang.client import ServerAuthError, ServerUnavailable
+
+    reason = exc.reason if isinstance(exc, BucketFailed) else exc
+    return isinstance(reason, (ServerUnavailable, TimeoutError)) and not isinstance(reason, ServerAuthError)
+
+
 class BucketTransport(WeightTransport):
     """Moves buckets into one engine; the loop and the protocol are :func:`run_update`'s."""
 
@@ -188,25 +208,19 @@ def run_update(engine: Optional[RolloutEngine], transport: Optional[BucketTransp
     if transport is not None:
         transport.profile = {}
     try:
-        if members != coord.last_members:
-            for stage in range(coord.num_stages):  # stage by stage: servers join one group at a time
-                if coord.is_sender and coord.stage == stage:
-                    with timed(clock, "connect"):
-                        transport.connect(members)
-                coord.barrier()
-            coord.last_members = members
+        lost = _connect(transport, members, coord, clock)
         t1 = time.perf_counter()
         for index, bucket in enumerate(_timed_iter(buckets, clock, "gather"), start=1):
-            if coord.is_sender:
-                with timed(clock, "check"):
-                    transport.check_bucket(bucket, members)
-                with timed(clock, "send"):
-                    _send(transport, bucket, weight_version, index)
+            if coord.is_sender and lost is None:
+                lost = _check_and_send(transport, bucket, members, weight_version, index, clock)
                 stats.add_bucket(len(bucket.items), bucket.num_bytes)
                 if index == 1 and kill_points.armed("sync"):  # test hook: dies inside the session
                     kill_points.kill("sync", f"weight update {weight_version}: bucket 1 sent to "
                                              f"{members}, the session not ended")
-        coord.barrier()
+        # every rank learns whether some sender lost a member (a sum is the collective here)
+        if coord.sum([0.0 if lost is None else 1.0])[0] > 0:
+            coord.last_members = None  # the group is re-formed, on every rank alike
+            raise _as_member_lost(lost, weight_version)
         if coord.is_main:
             with timed(clock, "finish"):
                 transport.finish(weight_version)
@@ -226,6 +240,54 @@ def run_update(engine: Optional[RolloutEngine], transport: Optional[BucketTransp
         engine.metrics.last_weight_sync = stats
     stats.seconds = time.perf_counter() - t0
     return stats
+
+
+def _connect(transport: Optional[BucketTransport], members, coord: Coordinator,
+             clock: Dict[str, float]) -> Optional[BaseException]:
+    """(Re)form the senders' groups when the members changed, stage by stage (servers join one
+    group at a time). A member lost meanwhile is returned, not raised: every rank must still
+    reach the barriers and the gather."""
+    lost = None
+    if members == coord.last_members:
+        return None
+    for stage in range(coord.num_stages):
+        if coord.is_sender and coord.stage == stage:
+            with timed(clock, "connect"):
+                try:
+                    transport.connect(members)
+                except Exception as exc:
+                    if not _member_lost(exc):
+                        raise
+                    lost = exc
+        coord.barrier()
+    coord.last_members = members
+    return lost
+
+
+def _check_and_send(transport: BucketTransport, bucket: Bucket, members, weight_version: Optional[str],
+                    index: int, clock: Dict[str, float]) -> Optional[BaseException]:
+    """One bucket checked and sent; a member lost on the way is returned (the gather goes on,
+    collective, and nothing more is sent), any other failure raised."""
+    with timed(clock, "check"):
+        transport.check_bucket(bucket, members)
+    with timed(clock, "send"):
+        try:
+            _send(transport, bucket, weight_version, index)
+        except BucketFailed as exc:
+            if not _member_lost(exc):
+                raise
+            return exc
+    return None
+
+
+def _as_member_lost(lost: Optional[BaseException], weight_version: Optional[str]) -> "MemberLost":
+    """The error every rank raises after an agreed loss (a rank that lost nothing itself says
+    so: its stage's sender is another rank)."""
+    if isinstance(lost, BucketFailed):
+        return MemberLost(str(lost), weight_version, lost.index, lost.reason)
+    what = (f"forming the weight-update group: {type(lost).__name__}: {lost}" if lost is not None
+            else "a rollout server was lost by another rank that sends weights")
+    return MemberLost(f"weight update {weight_version}: {what}", weight_version, 0, lost)
 
 
 def _send(transport: BucketTransport, bucket: Bucket, weight_version: Optional[str], index: int) -> None:

@@ -40,6 +40,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Set
 
 from gspo_megatron.rollout.sglang import api
 from gspo_megatron.rollout.sglang.client import ServerAuthError, ServerUnavailable
+from gspo_megatron.rollout.sglang.fleet_pause import mark_fleet_paused
 from gspo_megatron.rollout.sglang.server_pool import ServerPool, ServerState
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ class FleetControl:
     # --- pause / abort ----------------------------------------------------------------------
     def pause_and_abort(self) -> None:
         """Phases 1 and 2: nothing of ours runs on any member afterwards."""
+        mark_fleet_paused(True)
         self._open.clear()
         self.pause_epoch += 1
         self.paused = True
@@ -147,6 +149,7 @@ class FleetControl:
     def _reopen(self) -> None:
         self.paused = False
         self._open.set()
+        mark_fleet_paused(False)
 
     # --- weight sync ------------------------------------------------------------------------
     def begin(self, session: bool = True) -> List[str]:

@@ -262,6 +262,13 @@ class SGLangEngine(SampleRunner, RolloutEngine):
         can fire, and :meth:`generate_iter` raises instead of waiting forever."""
         return (self.max_retries + 2) * (self.request_timeout_s + HEALTH_PROBE_S)
 
+    def fleet_metrics(self) -> Dict[str, float]:
+        """``rollout/live_servers``: members of the pool now (serving the current weights);
+        ``rollout/dead_servers``: out of rotation until a sync re-admits them."""
+        live = len(self.pool.members)
+        return {"rollout/live_servers": float(live),
+                "rollout/dead_servers": float(len(self.pool.servers) - live)}
+
     def partial_rollout_metrics(self) -> Dict[str, float]:
         """Partial rollouts since the engine started (``rollout/partial/*``: segments cut by our
         pauses, resumed, tokens kept and dropped, samples, samples of more than one version);

@@ -63,8 +63,11 @@ def sglang_server_command(cfg, model_path: str, index: int, host: str = "127.0.0
     """Command line of SGLang server ``index`` of the fleet described by an ``SGLangConfig``.
 
     Server i listens on ``cfg.port + i`` and uses GPUs ``[i * tp * dp, (i + 1) * tp * dp)`` of
-    its node (``--base-gpu-id``). ``enable_memory_saver`` is needed by colocated mode's
-    ``/release_memory_occupation``; ``deterministic`` makes SGLang honour ``sampling_seed``.
+    its node (``--base-gpu-id``); on the CPU engine every server starts at 0: SGLang maps that id
+    to the NUMA node its threads bind to (``srt/utils/numa_utils.py``, ``init_threads_binding``:
+    ``numa_index`` from the device id, asserted below the host's NUMA node count), so the second
+    CPU server of a one-node host would fail at start-up. ``enable_memory_saver`` is needed by
+    colocated mode's ``/release_memory_occupation``; ``deterministic`` makes SGLang honour ``sampling_seed``.
     With ``key_file`` the server starts through ``keyed_launch``
     (``rollout/sglang/keyed_launch.py``), which adds ``--api-key`` / ``--admin-api-key`` from
     that file inside the process: the command line holds only the file's path. ``--dtype`` is
@@ -77,7 +80,7 @@ def sglang_server_command(cfg, model_path: str, index: int, host: str = "127.0.0
            "--host", host, "--port", str(cfg.port + index),
            "--tp-size", str(cfg.tp), "--dp-size", str(cfg.dp), "--ep-size", str(cfg.ep),
            "--mem-fraction-static", str(cfg.mem_fraction_static),
-           "--base-gpu-id", str(index * gpus_per_server)]
+           "--base-gpu-id", str(0 if cfg.device == "cpu" else index * gpus_per_server)]
     dtype = cfg.dtype or checkpoint_dtype(model_path)
     if dtype is not None:
         cmd += ["--dtype", dtype]
