@@ -67,8 +67,8 @@ def sglang_server_command(cfg, model_path: str, index: int, host: str = "127.0.0
     to the NUMA node its threads bind to (``srt/utils/numa_utils.py``, ``init_threads_binding``:
     ``numa_index`` from the device id, asserted below the host's NUMA node count), so the second
     CPU server of a one-node host would fail at start-up. ``enable_memory_saver`` is needed by
-    colocated mode's ``/release_memory_occupation``; ``deterministic`` makes SGLang honour ``sampling_seed``.
-    With ``key_file`` the server starts through ``keyed_launch``
+    colocated mode's ``/release_memory_occupation``; ``deterministic`` makes SGLang honour
+    ``sampling_seed``. With ``key_file`` the server starts through ``keyed_launch``
     (``rollout/sglang/keyed_launch.py``), which adds ``--api-key`` / ``--admin-api-key`` from
     that file inside the process: the command line holds only the file's path. ``--dtype`` is
     ``cfg.dtype`` or the checkpoint's own; ``cfg.device == "cpu"`` adds the CPU engine's flags.
