@@ -208,6 +208,12 @@ def test_server_killed_mid_batch_then_skipped_and_readmitted(tmp_path, policy, b
         _assert_same(samples, expected)
         assert victim.wait(timeout=30) == -9 and eng.metrics.num_retries >= 1
         assert eng.pool.dead == [launcher.addresses[0]]
+        # each sample says which server generated its tokens and why it was sent again
+        for s in samples:
+            assert sum(s.served_by.values()) == len(s.response_token_ids) and len(s.served_by) == 1
+        resent = [s for s in samples if s.resent]
+        assert resent and all(s.served_by == {survivor.address: len(s.response_token_ids)} for s in resent)
+        assert all(launcher.addresses[0] in s.resent[0] for s in resent), [s.resent for s in resent]
 
         new, _ = build_tiny_policy(seed=11)
         stats = eng.update_weights(new.state_dict().items(), weight_version="w1")

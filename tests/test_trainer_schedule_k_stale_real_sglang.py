@@ -130,6 +130,10 @@ def test_killed_after_a_checkpoint_with_groups_in_flight_resumes_without_repeati
     assert (in_flight | buffered) - taken_after <= _dropped_or_left(run_dir)
     fates = _audit(run_dir)
     assert fates["taken"] == 6 * 8  # 6 steps of 8 groups
+    # every trained group says which server generated its tokens (one server here)
+    served = {i: tokens for r in read_ledger(run_dir / LEDGER_FILE) for i, _p, tokens, _why in r.get("served", [])}
+    assert set(served) == {i for r in read_ledger(run_dir / LEDGER_FILE) for i, *_ in r.get("taken", [])}
+    assert all(set(tokens) == {server.address} and sum(tokens.values()) > 0 for tokens in served.values())
     # Every trained token's lag recounted from the versions the real server reported (not
     # through lag_of), across the kill and the resume; the metrics of an off-by-one lag_of
     # would not pass the same recount.

@@ -150,6 +150,12 @@ class Sample:
     served) that generated it, when the engine tracks it (SGLang: ``meta_info.weight_versions``).
     A partial rollout that went on across a weight update holds more than one version; the
     staleness bound and lag metrics read the oldest (``rollout.max_staleness``)."""
+    served_by: Optional[Dict[str, int]] = None
+    """Response tokens per server address that generated them (server engines; a sample cut
+    by a sync or a server's death may have gone on elsewhere)."""
+    resent: List[str] = field(default_factory=list)
+    """Why each earlier attempt of this sample ended without its answer (a server lost, a
+    timeout, our own pause), in order: the sample was sent again after each."""
 
     @property
     def key(self) -> Tuple[str, int]:

@@ -132,8 +132,8 @@ class SampleRunner:
                 continue
             finally:
                 self.pool.release(server)
-            rollout.extend(result.token_ids, result.logprobs, versions)
-            return self._sample(req, idx, rollout, result, server, rid, start)
+            rollout.extend(result.token_ids, result.logprobs, versions, server.address)
+            return self._sample(req, idx, rollout, result, server, rid, start, errors)
         raise SampleFailed(f"{name} failed {self.max_retries + 1} attempts: {errors}")
 
     def _acquire(self, name: str, tried: Set[str], errors: List[str]) -> ServerState:
@@ -179,7 +179,7 @@ class SampleRunner:
         except _Retry as exc:  # another server's weights: nothing of it is kept
             errors.append(str(exc))
             return
-        kept = rollout.keep_cut(cut.token_ids, cut.logprobs, versions)
+        kept = rollout.keep_cut(cut.token_ids, cut.logprobs, versions, server.address)
         self.partial_stats.record_cut(len(cut.token_ids), kept)
 
     def _sglang_version(self, server: ServerState) -> str:
@@ -191,7 +191,8 @@ class SampleRunner:
         return self._sglang_versions[server.address]
 
     def _sample(self, req: GenerationRequest, idx: int, rollout: PartialRollout,
-                result: api.GenerateResult, server: ServerState, rid: str, start: float) -> Sample:
+                result: api.GenerateResult, server: ServerState, rid: str, start: float,
+                errors: List[str]) -> Sample:
         token_versions = integer_versions(rollout.versions)
         if self.keep_partial_rollouts:
             self.partial_stats.record_sample(rollout.versions)
@@ -207,7 +208,8 @@ class SampleRunner:
                       latency_s=time.perf_counter() - start,
                       weight_version=result.weight_version,
                       routed_experts=self._routed_experts(server, rid, result),
-                      token_versions=token_versions)
+                      token_versions=token_versions,
+                      served_by=dict(rollout.servers), resent=list(errors))
 
     def _routed_experts(self, server: ServerState, rid: str,
                         result: api.GenerateResult) -> Optional[torch.Tensor]:

@@ -64,6 +64,19 @@ def engine_versions(samples: List[Sample]) -> Dict[str, int]:
     return counts
 
 
+def engine_servers(samples: List[Sample]) -> Optional[list]:
+    """Where a group's tokens came from and what was resent: ``[{address: tokens}, [reason,
+    ...]]`` (each reason cut to 200 characters), the ledger's ``served`` record of the group;
+    None for an engine without servers."""
+    if all(s.served_by is None for s in samples):
+        return None
+    tokens: Dict[str, int] = {}
+    for sample in samples:
+        for address, count in (sample.served_by or {}).items():
+            tokens[address] = tokens.get(address, 0) + count
+    return [tokens, [reason[:200] for sample in samples for reason in sample.resent]]
+
+
 class AsyncRollouts(RolloutSchedule):
     """Continuous generation with a staleness bound; see the module docstring."""
 
@@ -188,10 +201,13 @@ class AsyncRollouts(RolloutSchedule):
             return AbandonMarker(str(exc)), 0.0
         self._taken = groups
         rollout = self._scored(groups)
+        served = [(g, engine_servers(g.samples)) for g in groups]
         self.ledger.write(step, taken=[[g.index, g.record.prompt_id,
                                         max((max(x) for x in lags if x), default=0),
                                         engine_versions(g.samples)]
                                        for g, lags in zip(groups, self._group_lags(rollout))],
+                          served=[[g.index, g.record.prompt_id, *where] for g, where in served
+                                  if where is not None],
                           dropped=self.generator.drain_events())
         return rollout, wait_s
 

@@ -4,6 +4,10 @@ One row per event batch, each naming groups by admission index and prompt id:
 ``{"step": s, "taken": [[index, prompt_id, lag, {version: tokens}], ...]}`` when step s took them
 (``lag``: of the group's oldest token; the token counts per weight version are the engine's
 own report, kept raw for audits that recount the lags, ``tests/lag_audit.py``),
+and, from server engines, ``"served": [[index, prompt_id, {server: tokens}, [reason, ...]], ...]``
+in the same row: which servers generated the group's tokens, and why any of its samples was sent
+again (a server lost or timed out, our pause cut it; issue 50's audit that a dead server's groups
+were finished elsewhere, once),
 ``{"step": s, "dropped": [[index, prompt_id, reason], ...]}`` (``too_old`` or ``equal_rewards``),
 ``{"step": s, "left": [[index, prompt_id], ...]}`` at the run's end (buffered or in flight).
 Across a kill and a resume, rows past the resumed step are trimmed (as ``metrics.jsonl``'s are),
