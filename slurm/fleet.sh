@@ -253,6 +253,8 @@ gspo_fleet_probe_read() {
   [[ -n ${GSPO_FLEET_PAUSE_FILE:-} && -e $GSPO_FLEET_PAUSE_FILE ]] && paused=1
   while read -r j http; do
     [[ $j =~ ^[0-9]+$ && -n ${GSPO_FLEET_PID[$j]:-} ]] || continue
+    # an answer from before the server's last change (a death, a restart) says nothing of it now
+    ((GSPO_FLEET_SINCE[j] < GSPO_FLEET_PROBE_AT)) || continue
     if [[ $http == 200 ]]; then
       GSPO_FLEET_LAST_OK[j]=$SECONDS
       if [[ ${GSPO_FLEET_STATE[$j]} == starting ]]; then
