@@ -324,6 +324,11 @@ class SGLangConfig:
     (while it had been healthy) is hung: killed and restarted like a dead one."""
     max_concurrency_per_server: int = 64
     """Requests in flight per server."""
+    routing: str = "least_loaded"
+    """Which server a sample goes to: ``least_loaded`` (fewest of our requests in flight) or
+    ``prompt_affinity`` (a prompt's samples stay on one server while its load allows, so the
+    shared prompt is prefilled once; ``rollout/sglang/server_pool.py``). docs/rollout.md
+    measures both against sglang-router."""
     deterministic_inference: bool = False
     """Start SGLang with --enable-deterministic-inference so that sampling_seed is honoured."""
     device: str = "cuda"

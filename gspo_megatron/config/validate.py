@@ -41,6 +41,7 @@ CHOICES = {
     "rollout.engine": ("embedded", "sglang", "reference"),
     "rollout.mode": ("colocated", "disaggregated"),
     "rollout.sglang.device": ("cuda", "cpu"),
+    "rollout.sglang.routing": ("least_loaded", "prompt_affinity"),  # server_pool.ROUTINGS
     "rollout.weight_sync.transport": ("auto", "nccl", "tensor", "disk"),
     "checkpoint.resume": ("auto", "always", "never"),
     "logging.wandb.mode": ("offline", "online", "disabled"),

@@ -156,10 +156,22 @@ class Sample:
     resent: List[str] = field(default_factory=list)
     """Why each earlier attempt of this sample ended without its answer (a server lost, a
     timeout, our own pause), in order: the sample was sent again after each."""
+    prompt_cache: Optional[Tuple[int, int]] = None
+    """``(cached, input)`` tokens of the request that generated its last tokens: how many of
+    the tokens it sent (the prompt, plus the tokens kept from a cut attempt) the server's
+    prefix cache already held (SGLang's ``meta_info.cached_tokens``); None where the engine
+    does not say. Routing a group's samples to one server raises it (rollout.sglang.routing)."""
 
     @property
     def key(self) -> Tuple[str, int]:
         return (self.prompt_id, self.sample_index)
+
+
+def prefix_cache_hit(samples: Sequence[Sample]) -> Optional[float]:
+    """Cached / input tokens summed over the samples that report them (None: none does)."""
+    counts = [s.prompt_cache for s in samples if s.prompt_cache is not None]
+    total = sum(n for _, n in counts)
+    return sum(c for c, _ in counts) / total if total else None
 
 
 def expand_requests(requests: Sequence[GenerationRequest]) -> List[Tuple[GenerationRequest, int]]:
@@ -217,6 +229,9 @@ class RolloutMetrics:
     num_samples: int = 0
     num_generated_tokens: int = 0
     num_retries: int = 0
+    prefix_cache_hit: Optional[float] = None
+    """Of the input tokens of the batch's requests, the fraction the servers' prefix caches held
+    (samples that report it, :attr:`Sample.prompt_cache`)."""
     last_weight_sync: WeightSyncStats = field(default_factory=WeightSyncStats)
 
     @property
@@ -228,6 +243,8 @@ class RolloutMetrics:
                "rollout/num_samples": float(self.num_samples),
                "rollout/num_generated_tokens": float(self.num_generated_tokens),
                "rollout/num_retries": float(self.num_retries)}
+        if self.prefix_cache_hit is not None:
+            out["rollout/prefix_cache_hit"] = self.prefix_cache_hit
         out.update(self.last_weight_sync.as_metrics())
         return out
 
@@ -267,6 +284,7 @@ class RolloutEngine(abc.ABC):
         self.metrics.batch_seconds = time.perf_counter() - start
         self.metrics.num_samples = len(samples)
         self.metrics.num_generated_tokens = sum(len(s.response_token_ids) for s in samples)
+        self.metrics.prefix_cache_hit = prefix_cache_hit(samples)
         return samples
 
     def attach_weight_transport(self, transport: WeightTransport) -> None:

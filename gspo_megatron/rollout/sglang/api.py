@@ -126,6 +126,16 @@ def generate_payload(rid: str, prompt_token_ids: List[int], params: SamplingPara
     return body
 
 
+def prefill_payload(rid: str, prompt_token_ids: List[int]) -> Dict[str, Any]:
+    """The ``/generate`` body that only prefills a prompt into the server's radix cache
+    (``max_new_tokens`` 0): what SGLang's own parallel sampling sends before the ``n`` samples
+    of a prompt (``srt/managers/tokenizer_manager.py``, "Cache the common prefix for parallel
+    sampling"), since its default ``fcfs`` schedule prefills requests that arrive together
+    each in full."""
+    return {"rid": rid, "input_ids": list(prompt_token_ids),
+            "sampling_params": {"max_new_tokens": 0}, "stream": False}
+
+
 @dataclass
 class GenerateResult:
     """The parts of a ``/generate`` response a :class:`Sample` needs."""
@@ -141,6 +151,8 @@ class GenerateResult:
     token_versions: Optional[List[str]] = None
     """The weight version of every output token, from ``meta_info["weight_versions"]`` (None
     when the server sent no spans)."""
+    cached_tokens: Optional[int] = None
+    """``meta_info["cached_tokens"]``: input tokens the server's prefix cache held."""
 
 
 def _finish_type(raw: Any) -> str:
@@ -178,7 +190,16 @@ def parse_generate_response(body: Any) -> GenerateResult:
                           e2e_latency_s=float(latency) if latency is not None else None,
                           weight_version=meta.get("weight_version"),
                           routed_experts=meta.get("routed_experts"),
-                          token_versions=_token_versions(meta.get("weight_versions"), len(token_ids)))
+                          token_versions=_token_versions(meta.get("weight_versions"), len(token_ids)),
+                          cached_tokens=_count_or_none(meta.get("cached_tokens"), "cached_tokens"))
+
+
+def _count_or_none(value: Any, key: str) -> Optional[int]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ProtocolError(f"meta_info.{key}={value!r} is not a count of tokens")
+    return value
 
 
 def _token_versions(spans: Any, num_tokens: int) -> Optional[List[str]]:

@@ -124,6 +124,12 @@ class SGLangServerClient:
             raise api.ProtocolError(f"{self.address}{api.GENERATE}: non-JSON body {str(data)[:200]!r}")
         return api.parse_generate_response(data)
 
+    def prefill(self, payload: Dict[str, Any], timeout_s: Optional[float] = None) -> None:
+        """Send an :func:`api.prefill_payload`; 200 or raise (:class:`api.ServerRefused` on 4xx)."""
+        resp = self.request("POST", api.GENERATE, payload, timeout_s)
+        if resp.status_code != 200:
+            raise self._refused(api.GENERATE, resp)
+
     def health(self, timeout_s: float = 30.0) -> bool:
         """``/health_generate``: the server generated a token (or is generating) within the timeout."""
         try:

@@ -37,6 +37,7 @@ from gspo_megatron.rollout.sglang import api
 from gspo_megatron.rollout.sglang.client import SGLangServerClient, ServerUnavailable
 from gspo_megatron.rollout.sglang.control import FleetControl
 from gspo_megatron.rollout.sglang.partial_rollout import PartialRolloutStats, integer_versions
+from gspo_megatron.rollout.sglang.prefix_warmup import PrefixWarmup
 from gspo_megatron.rollout.sglang.sample_runner import (HEALTH_PROBE_S, BatchCounts, SampleFailed,
                                                         SampleRunner)
 from gspo_megatron.rollout.sglang.server_pool import NoLiveServer, ServerPool
@@ -76,12 +77,14 @@ class SGLangEngine(SampleRunner, RolloutEngine):
     def __init__(self, addresses: Sequence[str], request_timeout_s: float = 600.0,
                  max_retries: int = 3, health_timeout_s: float = 900.0,
                  max_concurrency_per_server: int = 64, launcher=None, server_tp_size: int = 1,
-                 keep_partial_rollouts: bool = False) -> None:
+                 keep_partial_rollouts: bool = False, routing: str = "least_loaded") -> None:
         super().__init__()
         if not addresses:
             raise ValueError("SGLangEngine needs at least one server address (host:port)")
-        self.pool = ServerPool([SGLangServerClient(a, request_timeout_s) for a in addresses])
+        self.pool = ServerPool([SGLangServerClient(a, request_timeout_s) for a in addresses], routing)
         self.control = FleetControl(self.pool)
+        self.warmup = PrefixWarmup(self.pool, request_timeout_s) if routing == "prompt_affinity" else None
+        """``prompt_affinity``: each prompt is prefilled once per server before its samples."""
         self.request_timeout_s = request_timeout_s
         self.max_retries = max_retries
         self.health_timeout_s = health_timeout_s
@@ -132,7 +135,7 @@ class SGLangEngine(SampleRunner, RolloutEngine):
         engine = cls(addresses, cfg.request_timeout_s, cfg.max_retries, cfg.health_timeout_s,
                      max_concurrency_per_server=cfg.max_concurrency_per_server,
                      launcher=launcher, server_tp_size=cfg.tp,
-                     keep_partial_rollouts=keep_partial_rollouts)
+                     keep_partial_rollouts=keep_partial_rollouts, routing=cfg.routing)
         engine.require_memory_saver = enable_memory_saver and launcher is None
         engine.routing_shape = routing_shape
         return engine._start(recover=launcher is None)
@@ -335,6 +338,8 @@ class SGLangEngine(SampleRunner, RolloutEngine):
             pool.shutdown(wait=False, cancel_futures=True)
             with self._count_lock:
                 self._active.difference_update(keys)
+            if self.warmup is not None:
+                self.warmup.forget(r.prompt_id for r in requests)
 
     def _generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> List[Sample]:
         counts = BatchCounts()

@@ -3,7 +3,8 @@ of a partial rollout. :class:`SampleRunner` is the part of :class:`rollout.sglan
 SGLangEngine` that runs in its worker threads, one call of :meth:`SampleRunner._run_sample` per
 sample.
 
-Per attempt: wait while a sync of ours holds generation paused, take the least-loaded member,
+Per attempt: wait while a sync of ours holds generation paused, take a member (least-loaded, or
+the prompt's home server: ``rollout/sglang/server_pool.py``),
 send, read the answer. A connection error, timeout, HTTP 5xx or malformed body is a failure
 (another server is tried, up to ``max_retries`` more attempts, and a server that then fails
 its health probe leaves the rotation). An ``abort`` finish caused by our own pause, or an answer
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 import torch
 
@@ -60,9 +61,19 @@ class BatchCounts:
     num_retries: int = 0
 
 
+def _prompt_cache(req: GenerationRequest, rollout: PartialRollout,
+                  result: api.GenerateResult) -> Optional[Tuple[int, int]]:
+    """``(cached, input)`` tokens of the last request: its input was the prompt and the tokens
+    kept before its own segment."""
+    if result.cached_tokens is None:
+        return None
+    sent = len(req.prompt_token_ids) + len(rollout.tokens) - len(result.token_ids)
+    return result.cached_tokens, sent
+
+
 class SampleRunner:
     """The attempts of one sample (a mixin of the engine). Reads the engine's ``pool``,
-    ``control``, ``max_retries``, ``request_timeout_s``, ``routing_shape``,
+    ``control``, ``warmup``, ``max_retries``, ``request_timeout_s``, ``routing_shape``,
     ``keep_partial_rollouts``, ``partial_stats``, ``cancelled``, ``_count_lock``,
     ``_num_retries`` and ``_sglang_versions`` (set in its ``__init__``)."""
 
@@ -110,9 +121,11 @@ class SampleRunner:
             # read before the gate: a pause that begins after it cuts this attempt (pause_and_abort
             # closes the gate, then bumps the epoch)
             epoch, sent_at = self.control.pause_epoch, self.control.version_index()
-            server = self._acquire(name, tried, errors)
+            server = self._acquire(name, tried, errors, req)
             rid = f"{req.prompt_id}/{idx}/{attempt}"
             attempt += 1
+            if attempt == 1 and self.warmup is not None:
+                self.warmup.before_first_attempt(server, req)
             try:
                 result = self._attempt(server, rid, rollout.payload(rid, self.routing_shape is not None),
                                        epoch)
@@ -136,8 +149,10 @@ class SampleRunner:
             return self._sample(req, idx, rollout, result, server, rid, start, errors)
         raise SampleFailed(f"{name} failed {self.max_retries + 1} attempts: {errors}")
 
-    def _acquire(self, name: str, tried: Set[str], errors: List[str]) -> ServerState:
-        """A server for the next attempt, once no sync of ours holds generation paused."""
+    def _acquire(self, name: str, tried: Set[str], errors: List[str],
+                 req: GenerationRequest) -> ServerState:
+        """A server for the next attempt, once no sync of ours holds generation paused (the
+        prompt and its group's size steer ``prompt_affinity`` routing)."""
         if self.cancelled.is_set():
             raise SampleFailed(f"{name}: generation cancelled (the run is leaving)")
         if not self.control.wait_open(self.request_timeout_s):
@@ -145,7 +160,7 @@ class SampleRunner:
                                "(a weight sync or memory release that did not end); errors so "
                                f"far: {errors}")
         try:
-            return self.pool.acquire(tried, self.control.weight_version)
+            return self.pool.acquire(tried, self.control.weight_version, req.prompt_id, req.n)
         except NoLiveServer as exc:
             raise SampleFailed(f"{name}: {exc}; errors so far: {errors}") from exc
 
@@ -209,7 +224,8 @@ class SampleRunner:
                       weight_version=result.weight_version,
                       routed_experts=self._routed_experts(server, rid, result),
                       token_versions=token_versions,
-                      served_by=dict(rollout.servers), resent=list(errors))
+                      served_by=dict(rollout.servers), resent=list(errors),
+                      prompt_cache=_prompt_cache(req, rollout, result))
 
     def _routed_experts(self, server: ServerState, rid: str,
                         result: api.GenerateResult) -> Optional[torch.Tensor]:

@@ -10,12 +10,22 @@ weights, so it must not generate before that sync).
 Each server also remembers the request ids sent to it that have not been answered, including
 attempts the client gave up on (SGLang keeps generating those until told otherwise): the sync
 protocol aborts them by id.
+
+Which member a request goes to (``rollout.sglang.routing``): ``least_loaded`` takes the member
+with the fewest requests of ours in flight; ``prompt_affinity`` sends the samples of one prompt
+to the server that took its first sample, so that SGLang prefills the shared prompt once and its
+radix cache serves the rest (what sglang-router's ``cache_aware`` policy approximates by
+matching text prefixes; ours knows the groups exactly). A group leaves its home only when the
+home holds ``slack`` more requests than the least-loaded member (``slack``: the group's size),
+or when the home failed this sample. docs/rollout.md compares the two with sglang-router
+(``benchmarks/bench_routing.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence, Set, Tuple
@@ -44,6 +54,13 @@ class ServerState:
         return self.client.address
 
 
+ROUTINGS = ("least_loaded", "prompt_affinity")
+"""Values of ``rollout.sglang.routing``."""
+MAX_HOMES = 65536
+"""Prompts whose home server is remembered (least recently used forgotten first): a step's
+batch is far smaller, and a weight update flushes the servers' caches anyway."""
+
+
 class NoLiveServer(RuntimeError):
     """Every server of the pool is out of rotation."""
 
@@ -51,10 +68,15 @@ class NoLiveServer(RuntimeError):
 class ServerPool:
     """Thread-safe membership and least-loaded choice among servers."""
 
-    def __init__(self, clients: Sequence[SGLangServerClient]) -> None:
+    def __init__(self, clients: Sequence[SGLangServerClient], routing: str = "least_loaded") -> None:
         if not clients:
             raise ValueError("a rollout server pool needs at least one server address (host:port)")
+        if routing not in ROUTINGS:
+            raise ValueError(f"rollout.sglang.routing={routing!r}: expected one of {list(ROUTINGS)}")
         self.servers = [ServerState(c) for c in clients]
+        self.routing = routing
+        self._homes: "OrderedDict[str, ServerState]" = OrderedDict()
+        """``prompt_affinity``: the server each prompt's samples go to."""
         self._lock = threading.Condition()
 
     @property
@@ -68,8 +90,11 @@ class ServerPool:
             return [s.address for s in self.servers if not s.alive]
 
     # --- scheduling -------------------------------------------------------------------------
-    def acquire(self, tried: Set[str], current_version: Optional[str]) -> ServerState:
-        """The least-loaded member, preferring ones this sample has not failed on."""
+    def acquire(self, tried: Set[str], current_version: Optional[str],
+                prompt_key: Optional[str] = None, slack: int = 1) -> ServerState:
+        """A member for the next attempt (see the module's docstring on routing), preferring
+        ones this sample has not failed on. ``prompt_key``: the prompt the sample shares with
+        its group; ``slack``: the group's size."""
         if not self.members:
             self.readmit_current(current_version)  # a transient failure may have marked all down
         with self._lock:
@@ -77,9 +102,25 @@ class ServerPool:
             fresh = [s for s in live if s.address not in tried] or live
             if not fresh:
                 raise NoLiveServer(f"no live rollout server among {[s.address for s in self.servers]}")
-            server = min(fresh, key=lambda s: s.outstanding)
+            server = self._choose(fresh, prompt_key, slack)
             server.outstanding += 1
             return server
+
+    def _choose(self, fresh: List[ServerState], prompt_key: Optional[str],
+                slack: int) -> ServerState:
+        least = min(fresh, key=lambda s: s.outstanding)
+        if self.routing != "prompt_affinity" or prompt_key is None:
+            return least
+        home = self._homes.get(prompt_key)
+        if home is not None and home.alive:
+            self._homes.move_to_end(prompt_key)
+            if any(s is home for s in fresh) and home.outstanding - least.outstanding < slack:
+                return home
+            return least  # overflow, or this sample failed there: the group keeps its home
+        self._homes[prompt_key] = least
+        if len(self._homes) > MAX_HOMES:
+            self._homes.popitem(last=False)
+        return least
 
     def release(self, server: ServerState) -> None:
         with self._lock:

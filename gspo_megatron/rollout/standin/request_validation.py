@@ -98,9 +98,11 @@ def check_sampling_contract(sp: Any) -> Dict[str, Any]:
 
 
 def parse_generate(body: Any, vocab_size: int, context_length: int
-                   ) -> Tuple[str, list, SamplingParams, Optional[int], bool, bool]:
-    """(rid, input_ids, params, seed, return_logprob, return_routed_experts), or ContractError /
-    RequestError."""
+                   ) -> Tuple[str, list, SamplingParams, Optional[int], bool, bool, bool]:
+    """(rid, input_ids, params, seed, return_logprob, return_routed_experts, prefill_only), or
+    ContractError / RequestError. ``prefill_only``: ``max_new_tokens`` 0, which SGLang accepts
+    (``sampling_params.verify``: at least 0) and answers with no output tokens after caching
+    the prompt (its parallel sampling's warm-up); ``params`` then holds 1."""
     if not isinstance(body, dict):
         raise ContractError(f"invalid type: {_unexpected(body)}, expected struct GenerateRequest")
     sp = check_sampling_contract(body.get("sampling_params"))
@@ -125,6 +127,8 @@ def parse_generate(body: Any, vocab_size: int, context_length: int
                            f"length ({context_length} tokens).")
     max_new = sp.get("max_new_tokens", 128)
     max_new = 128 if max_new is None else max_new
+    if max_new < 0:
+        raise RequestError(f"max_new_tokens must be at least 0, got {max_new}.")
     if max_new + len(ids) > context_length:
         raise RequestError(
             f"Requested token count exceeds the model's maximum context length of {context_length} "
@@ -137,11 +141,11 @@ def parse_generate(body: Any, vocab_size: int, context_length: int
     if 0 <= temperature < SAMPLING_EPS:  # greedy (see 4. above)
         temperature, top_p = 1.0, GREEDY_TOP_P
     try:
-        params = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=int(max_new),
+        params = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max(int(max_new), 1),
                                 stop=(stop,) if isinstance(stop, str) else tuple(stop),
                                 stop_token_ids=tuple(sp.get("stop_token_ids") or ()))
     except ValueError as exc:
         raise RequestError(str(exc)) from exc
     seed = sp.get("sampling_seed")
     return (str(body.get("rid") or ""), ids, params, seed,
-            bool(body.get("return_logprob")), bool(body.get("return_routed_experts")))
+            bool(body.get("return_logprob")), bool(body.get("return_routed_experts")), max_new == 0)

@@ -94,8 +94,16 @@ class ReferenceScheduler:
 
     # --- admission --------------------------------------------------------------------------
     def submit(self, job: Job, gate_timeout_s: Optional[float] = None) -> bool:
-        """Wait at the pause gate, then admit ``job``; False if the gate did not open in time.
-        Refused once the server stops."""
+        """Wait at the pause gate, then admit ``job`` and queue it for generation; False if the
+        gate did not open in time. Refused once the server stops."""
+        if not self.admit(job, gate_timeout_s):
+            return False
+        self._queue.put(job)
+        return True
+
+    def admit(self, job: Job, gate_timeout_s: Optional[float] = None) -> bool:
+        """The gate and the rules of :meth:`submit` without generating: a prefill-only request
+        (``max_new_tokens`` 0) is admitted so and then :meth:`finished`."""
         with self.cond:
             if not self.cond.wait_for(lambda: not self.paused or self.stopped, timeout=gate_timeout_s):
                 return False
@@ -116,7 +124,6 @@ class ReferenceScheduler:
             if job.rid in self.running:
                 raise Refused(f"request id {job.rid!r} is already running")
             self.running[job.rid] = job
-        self._queue.put(job)
         return True
 
     def finished(self, job: Job) -> None:

@@ -171,7 +171,7 @@ class ReferenceServer:
         if injected:
             return injected
         try:
-            rid, ids, params, seed, want_logprobs, want_routing = parse_generate(
+            rid, ids, params, seed, want_logprobs, want_routing, prefill_only = parse_generate(
                 body, self.vocab_size, self.context_length)
         except ContractError as exc:
             return 400, {"error": str(exc)}
@@ -179,12 +179,17 @@ class ReferenceServer:
             return _error(str(exc))
         job = Job(rid or uuid.uuid4().hex, ids, seed, params)
         t0 = time.perf_counter()
+        admit = self.scheduler.admit if prefill_only else self.scheduler.submit
         try:
-            while not self.scheduler.submit(job, gate_timeout_s=0.2):  # paused: wait at the gate
+            while not admit(job, gate_timeout_s=0.2):  # paused: wait at the gate
                 if client_gone():
                     return None
         except Refused as exc:
             return _error(str(exc))
+        if prefill_only:  # the prompt is cached; no token is generated
+            job.result = GeneratedRow([], [], "length")
+            self.scheduler.finished(job)
+            job.done.set()
         while not job.done.wait(0.1):
             if client_gone():  # SGLang aborts a request whose client disconnected
                 self.scheduler.abort(job.rid)
