@@ -87,6 +87,31 @@ def test_client_sends_documented_fields_and_spreads_load(policy, batch, expected
             s.stop()
 
 
+def test_prompt_affinity_keeps_each_group_on_one_server_after_warming_its_prompt(policy, batch,
+                                                                                 expected):
+    servers = _servers(policy, FaultPlan(), FaultPlan())
+    eng = SGLangEngine([s.address for s in servers], request_timeout_s=60, routing="prompt_affinity")
+    try:
+        samples = eng.generate(batch, PARAMS)
+        _assert_same(samples, expected)  # per-sample seeds: the same samples whatever the routing
+        homes = {}
+        for s in samples:
+            homes.setdefault(s.prompt_id, set()).update(s.served_by)
+        assert all(len(h) == 1 for h in homes.values()), homes
+        assert eng.warmup.num_prefills == len(batch)
+        for srv in servers:
+            rids = [b["rid"] for _, p, b in srv.request_log if p == api.GENERATE]
+            for prompt in {r.split("/")[0] for r in rids}:
+                assert {srv.address} == homes[prompt]
+                ours = [r for r in rids if r.startswith(prompt + "/")]
+                assert ours[0] == f"{prompt}/prefill" and len(ours) == 4, ours  # warm-up first
+        assert eng.metrics.prefix_cache_hit == 0.0  # the reference server reports no cache
+    finally:
+        eng.shutdown()
+        for s in servers:
+            s.stop()
+
+
 def test_http_errors_are_retried_on_another_server(policy, batch, expected):
     servers = _servers(policy, FaultPlan(fail_requests=frozenset({1, 3, 4})), FaultPlan())
     eng = SGLangEngine([s.address for s in servers], request_timeout_s=60)

@@ -7,7 +7,8 @@ tests before it run, and the wedged one, resumed, serves the kill test). The tes
 the only server of its fleet ends the module's own server, after every test that needs it. What is checked here is
 what the stand-in could only assume:
 
-* generation: n samples, max_new_tokens, stop token ids, pause (abort) / continue;
+* generation: n samples, max_new_tokens, stop token ids, pause (abort) / continue; the prompt
+  warm-up of ``prompt_affinity`` routing fills the radix cache for a group's samples;
 * the engine's log-probs equal a teacher-forced recomputation of the same weights at temperature
   1 and 0.7 (SGLang scales logits by the temperature before its log-softmax, as our learner does);
 * a weight update through every transport this machine runs (disk, tensor handles in shared
@@ -159,6 +160,24 @@ def test_max_new_tokens_and_stop_token_ids(engine):
             assert s.finish_reason == "stop"
         elif tok.eos_token_id not in s.response_token_ids:
             assert s.finish_reason == "length" and len(s.response_token_ids) == 16
+
+
+def test_prompt_affinity_warms_each_prompt_so_every_sample_finds_it_cached(server):
+    """The real server's own account (``meta_info.cached_tokens``): with ``prompt_affinity``
+    each prompt is prefilled once (``max_new_tokens`` 0, answered with no tokens) and every
+    sample then finds all of it but its last token in the radix cache, although SGLang's
+    ``fcfs`` schedule would prefill samples arriving together each in full."""
+    SGLangServerClient(server.address, timeout_s=60, control_timeout_s=60).flush_cache()
+    eng = SGLangEngine([server.address], request_timeout_s=120, routing="prompt_affinity")
+    prompts = [[3 + (7 * i + k) % 40 for i in range(96)] for k in range(2)]
+    try:
+        samples = eng.generate([GenerationRequest(f"w{k}", p, n=6) for k, p in enumerate(prompts)],
+                               SamplingParams(max_new_tokens=4, seed=3))
+    finally:
+        eng.shutdown()
+    assert eng.warmup.num_prefills == 2
+    assert {s.prompt_cache for s in samples} == {(95, 96)}, [s.prompt_cache for s in samples]
+    assert eng.metrics.prefix_cache_hit == 95 / 96
 
 
 def test_pause_aborts_running_requests_and_continue_resumes(engine, server):

@@ -144,6 +144,22 @@ def test_token_ids_and_context_length_are_checked(server):
     assert _gen(server).status_code == 200  # the refusals did not wedge anything
 
 
+def test_max_new_tokens_zero_prefills_only_and_negative_is_refused_as_sglang_does(server):
+    """SGLang 0.5.23 answers ``max_new_tokens`` 0 with no tokens (its parallel sampling's
+    warm-up; our prompt_affinity routing sends it) and refuses a negative count; both answers
+    as the real server gave them (tests/test_rollout_sglang_real_server.py)."""
+    r = _post(server, api.GENERATE, api.prefill_payload("warm", [3, 4, 5]))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["output_ids"] == [] and body["meta_info"]["finish_reason"] == {"type": "length",
+                                                                               "length": 0}
+    assert body["meta_info"]["completion_tokens"] == 0 and "output_token_logprobs" not in body["meta_info"]
+    r = _post(server, api.GENERATE, {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": -1}})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "max_new_tokens must be at least 0, got -1."
+    assert _gen(server).status_code == 200
+
+
 def test_client_disconnect_cancels_the_request(policy):
     srv = _slow_server(policy)
     try:
