@@ -43,7 +43,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 BEGIN = "<!-- bench_fleet: begin (written by the benchmark; do not edit) -->"
@@ -112,14 +112,14 @@ def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.02) -> 
         time.sleep(poll_s)
 
 
-def overrides_for(engine: str, assets: Path, num_steps: int) -> List[str]:
+def overrides_for(engine: str, assets: Path, num_steps: int, num_servers: int = 2) -> List[str]:
     common = [f"data.train_path={assets}/data/train.jsonl", "data.eval_path=null",
               f"trainer.num_steps={num_steps}", "trainer.num_sft_steps=2", "trainer.sft_batch_size=8",
               "trainer.eval_every_steps=0", "batch.num_prompts_per_step=4", "batch.num_mini_batches=1",
               "rollout.n_samples_per_prompt=2", "checkpoint.save_every_steps=0",
               "logging.wandb.enabled=false", "logging.plot=false",
               "rollout.mode=disaggregated", "launch.num_learner_nodes=1", "launch.devices_per_node=2",
-              "rollout.sglang.num_servers=2", "rollout.weight_sync.transport=nccl",
+              f"rollout.sglang.num_servers={num_servers}", "rollout.weight_sync.transport=nccl",
               "rollout.weight_sync.verify=true", "rollout.sglang.hang_timeout_s=6",
               "rollout.sglang.request_timeout_s=20", "reward.name=tests.paced_reward:tiny_addition"]
     if engine == "sglang":
@@ -132,12 +132,12 @@ def overrides_for(engine: str, assets: Path, num_steps: int) -> List[str]:
 
 
 def trial(cluster: Cluster, engine: str, fault: str, assets: Path, run_dir: Path, num_steps: int,
-          at_step: int) -> dict:
+          at_step: int, num_servers: int = 2) -> dict:
     env = dict(GSPO_RUN_DIR=str(run_dir), GSPO_HF_DIR=str(assets / "model"), PYTHONPATH=str(REPO),
                GSPO_TEST_REWARD_SLEEP_S="0.4", GSPO_FLEET_PROBE_S="1", GSPO_FLEET_PROBE_MAX_S="3",
                GSPO_SERVER_RESTART_DELAY_S="1")
     proc = cluster.run("sbatch", "--parsable", "--nodes=2", f"--output={run_dir}.out", "slurm/tiny_cpu.sh",
-                       *overrides_for(engine, assets, num_steps), **env)
+                       *overrides_for(engine, assets, num_steps, num_servers), **env)
     if proc.returncode != 0:
         raise RuntimeError(f"sbatch: {proc.stderr}")
     job = proc.stdout.strip().split(";")[0]
@@ -166,7 +166,8 @@ def trial(cluster: Cluster, engine: str, fault: str, assets: Path, run_dir: Path
     step_s = [r["time/step_s"] for r in rows if "time/step_s" in r]
     probe = [r.get("weight_sync/probe_abs_logp") for r in rows]
     return {
-        "engine": engine, "fault": fault, "job": job, "at_step": at_step if fault != "none" else None,
+        "engine": engine, "servers": num_servers, "fault": fault, "job": job,
+        "at_step": at_step if fault != "none" else None,
         "hit_at": hit_at,
         "state": f"{info.get('JobState')} {info.get('ExitCode')}",
         "steps_once": [r["step"] for r in rows] == list(range(1, num_steps + 1)),
@@ -199,11 +200,19 @@ def table(trials: List[dict]) -> List[str]:
     return out
 
 
-def write_doc(doc: Path, trials: List[dict], command: str, num_steps: int) -> None:
-    write_section(doc, BEGIN, END, [
+def markers(num_servers: int) -> Tuple[str, str]:
+    """The doc section of a fleet of ``num_servers`` (2: the first one measured)."""
+    if num_servers == 2:
+        return BEGIN, END
+    return (BEGIN.replace("bench_fleet:", f"bench_fleet {num_servers} servers:"),
+            END.replace("bench_fleet:", f"bench_fleet {num_servers} servers:"))
+
+
+def write_doc(doc: Path, trials: List[dict], command: str, num_steps: int, num_servers: int = 2) -> None:
+    write_section(doc, *markers(num_servers), [
         "", f"Measured {datetime.date.today().isoformat()} by `{command}` "
         f"({os.cpu_count()} CPUs, the machine otherwise idle; {num_steps} RL steps per trial, "
-        "on-policy, 2 learner ranks on node1, 2 servers on node2; a paced reward makes a step "
+        f"on-policy, 2 learner ranks on node1, {num_servers} servers on node2; a paced reward makes a step "
         "a few seconds; the fleet probes every 1 s, restarts 1 s after a death, "
         "`rollout.sglang.hang_timeout_s=6`). Time is the sum of the RL steps' `time/step_s` "
         "against the undisturbed run of the same engine.", "", *table(trials), ""])
@@ -329,9 +338,16 @@ def main() -> int:
     p.add_argument("--at-step", type=int, default=3)
     p.add_argument("--work", type=Path, default=Path("/tmp/gspo-bench-fleet"))
     p.add_argument("--port", type=int, default=17907)
+    p.add_argument("--servers", type=int, default=2, help="rollout servers on node2 (server1 is hit)")
     p.add_argument("--doc", type=Path)
-    p.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "fleet.json")
+    p.add_argument("--json", type=Path, default=None,
+                   help="default: benchmarks/results/fleet.json (fleet_<N>servers.json for N != 2)")
     args = p.parse_args()
+    if args.servers < 2:
+        p.error("--servers: at least 2 (server1 is the one hit)")
+    if args.json is None:
+        name = "fleet.json" if args.servers == 2 else f"fleet_{args.servers}servers.json"
+        args.json = REPO / "benchmarks" / "results" / name
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     assets = args.work / "assets"
@@ -343,7 +359,8 @@ def main() -> int:
         for engine in args.engine:
             for fault in args.faults:
                 run_dir = args.work / f"{engine}-{fault}"
-                t = trial(cluster, engine, fault, assets, run_dir, args.num_steps, args.at_step)
+                t = trial(cluster, engine, fault, assets, run_dir, args.num_steps, args.at_step,
+                          args.servers)
                 print(json.dumps(t), flush=True)
                 trials.append(t)
     finally:
@@ -353,7 +370,7 @@ def main() -> int:
     print("\n".join(table(trials)))
     if args.doc:
         command = "python benchmarks/bench_fleet.py " + shlex.join(sys.argv[1:])
-        write_doc(args.doc, trials, command, args.num_steps)
+        write_doc(args.doc, trials, command, args.num_steps, args.servers)
     return 0
 
 

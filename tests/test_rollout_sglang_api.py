@@ -36,6 +36,15 @@ def test_parse_generate_response():
     r = api.parse_generate_response(_response())
     assert (r.token_ids, r.logprobs, r.finish_reason, r.weight_version) == ([7, 8], [-0.5, -1.25], "length", "v3")
     assert api.parse_generate_response(_response(finish_reason={"type": "stop", "matched": 8})).finish_reason == "stop"
+    assert r.cached_tokens is None  # absent: unknown, not 0
+    assert api.parse_generate_response(_response(cached_tokens=2)).cached_tokens == 2
+
+
+def test_prefill_payload_generates_nothing():
+    body = api.prefill_payload("p/prefill", [5, 6, 7])
+    assert body == {"rid": "p/prefill", "input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 0},
+                    "stream": False}
+    assert set(body) <= api.GENERATE_FIELDS and set(body["sampling_params"]) <= api.SAMPLING_FIELDS
 
 
 @pytest.mark.parametrize("body,match", [
@@ -46,6 +55,8 @@ def test_parse_generate_response():
     (_response(finish_reason=None), "null"),
     (_response(finish_reason={"type": "weird"}), "unknown finish_reason"),
     ({**_response(), "output_ids": [7, 9]}, "disagree"),
+    (_response(cached_tokens=-1), "cached_tokens=-1"),
+    (_response(cached_tokens="3"), "cached_tokens='3'"),
 ])
 def test_parse_rejects_bodies_outside_the_schema(body, match):
     with pytest.raises(api.ProtocolError, match=match):

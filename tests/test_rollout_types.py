@@ -6,7 +6,8 @@ import pytest
 
 from gspo_megatron.config.schema import RolloutConfig
 from gspo_megatron.rollout.types import (GenerationRequest, RolloutEngine, Sample, SamplingParams,
-                                         WeightSyncStats, expand_requests, sample_seed)
+                                         WeightSyncStats, expand_requests, prefix_cache_hit,
+                                         sample_seed)
 
 
 def test_sampling_params_validation_names_the_field():
@@ -65,6 +66,19 @@ def test_generate_sorts_and_counts():
                        SamplingParams())
     assert [s.key for s in out] == [("a", 0), ("b", 0), ("b", 1)]
     assert eng.metrics.num_generated_tokens == 1 + 1 + 2 and eng.metrics.num_samples == 3
+
+
+def test_prefix_cache_hit_counts_only_samples_that_report_it():
+    def sample(i, cache):
+        return Sample(prompt_id="p", sample_index=i, prompt_token_ids=[1], response_token_ids=[2],
+                      response_logprobs=[-1.0], finish_reason="length", latency_s=0.0,
+                      prompt_cache=cache)
+    assert prefix_cache_hit([sample(0, None)]) is None
+    assert prefix_cache_hit([sample(0, (95, 96)), sample(1, (0, 32)), sample(2, None)]) == 95 / 128
+    assert _FakeEngine().metrics.as_dict().get("rollout/prefix_cache_hit") is None  # not reported
+    metrics = _FakeEngine().metrics
+    metrics.prefix_cache_hit = 0.5
+    assert metrics.as_dict()["rollout/prefix_cache_hit"] == 0.5
 
 
 @pytest.mark.parametrize("mangle", [lambda s: s[1:], lambda s: s + s[:1]])
