@@ -115,10 +115,11 @@ def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.02) -> 
 def overrides_for(engine: str, assets: Path, num_steps: int, num_servers: int = 2) -> List[str]:
     common = [f"data.train_path={assets}/data/train.jsonl", "data.eval_path=null",
               f"trainer.num_steps={num_steps}", "trainer.num_sft_steps=2", "trainer.sft_batch_size=8",
-              "trainer.eval_every_steps=0", "batch.num_prompts_per_step=4", "batch.num_mini_batches=1",
+              "trainer.eval_every_steps=0", f"batch.num_prompts_per_step={2 * num_servers}",
+              "batch.num_mini_batches=1",
               "rollout.n_samples_per_prompt=2", "checkpoint.save_every_steps=0",
               "logging.wandb.enabled=false", "logging.plot=false",
-              "rollout.mode=disaggregated", "launch.num_learner_nodes=1", "launch.devices_per_node=2",
+              "rollout.mode=disaggregated", "launch.num_learner_nodes=1", f"launch.devices_per_node={num_servers}",
               f"rollout.sglang.num_servers={num_servers}", "rollout.weight_sync.transport=nccl",
               "rollout.weight_sync.verify=true", "rollout.sglang.hang_timeout_s=6",
               "rollout.sglang.request_timeout_s=20", "reward.name=tests.paced_reward:tiny_addition"]
@@ -171,7 +172,7 @@ def trial(cluster: Cluster, engine: str, fault: str, assets: Path, run_dir: Path
         "hit_at": hit_at,
         "state": f"{info.get('JobState')} {info.get('ExitCode')}",
         "steps_once": [r["step"] for r in rows] == list(range(1, num_steps + 1)),
-        "full_batches": all(r.get("rollout/num_sequences") == 8.0 for r in rows),
+        "full_batches": all(r.get("rollout/num_sequences") == 4.0 * num_servers for r in rows),
         "events": [(e["server"], e["event"], e.get("code"), e.get("reason"), e.get("down_s")) for e in events],
         "live_servers": [r.get("rollout/live_servers") for r in rows],
         "server_restarts": rows[-1].get("rollout/server_restarts") if rows else None,
@@ -212,7 +213,9 @@ def write_doc(doc: Path, trials: List[dict], command: str, num_steps: int, num_s
     write_section(doc, *markers(num_servers), [
         "", f"Measured {datetime.date.today().isoformat()} by `{command}` "
         f"({os.cpu_count()} CPUs, the machine otherwise idle; {num_steps} RL steps per trial, "
-        f"on-policy, 2 learner ranks on node1, {num_servers} servers on node2; a paced reward makes a step "
+        f"on-policy, {num_servers} learner ranks on node1 (the launch plan fills a node's devices: "
+        f"`launch.devices_per_node={num_servers}`), {num_servers} servers on node2, "
+        f"{2 * num_servers} prompts x 2 samples per step; a paced reward makes a step "
         "a few seconds; the fleet probes every 1 s, restarts 1 s after a death, "
         "`rollout.sglang.hang_timeout_s=6`). Time is the sum of the RL steps' `time/step_s` "
         "against the undisturbed run of the same engine.", "", *table(trials), ""])
