@@ -83,9 +83,15 @@ def _train(assets, run_dir: Path, *extra: str) -> list:
 @pytest.mark.parametrize("overlap", [False, True], ids=["on_policy", "overlap_one_step"])
 def test_eight_steps_against_the_real_server(assets, tmp_path, overlap):
     port = free_port()
+    # the overlapped run also routes by prompt: each group's prompt is prefilled once first
     rows = _train(assets, tmp_path, f"trainer.num_steps={NUM_STEPS}", f"rollout.sglang.port={port}",
-                  f"rollout.overlap_one_step={str(overlap).lower()}")
+                  f"rollout.overlap_one_step={str(overlap).lower()}",
+                  f"rollout.sglang.routing={'prompt_affinity' if overlap else 'least_loaded'}")
     assert [r["step"] for r in rows] == list(range(NUM_STEPS + 1))
+    hits = [r["rollout/prefix_cache_hit"] for r in rows[1:]]  # the real server's cached_tokens
+    assert all(0.0 <= h <= 1.0 for h in hits), hits
+    if overlap:
+        assert min(hits) >= 0.5, hits  # every sample but a resent one finds its prompt cached
     for row in rows[1:]:
         assert 0.0 <= row["reward/mean"] <= 1.0
         assert row["train/grad_norm"] > 0.0, row["step"]  # the weights move: every sync is new

@@ -139,6 +139,8 @@ CASES: List[BadInput] = [
              "rollout.sglang.restarts_per_hour: -1 must be >= 0"),
     BadInput("zero hang deadline for the servers", "train", _train("rollout.sglang.hang_timeout_s=0"),
              "rollout.sglang.hang_timeout_s: 0.0 must be > 0.0"),
+    BadInput("unknown routing of samples to servers", "train", _train("rollout.sglang.routing=round_robin"),
+             "rollout.sglang.routing: 'round_robin' is not one of least_loaded, prompt_affinity"),
     BadInput("zero new tokens", "train", _train("rollout.max_new_tokens=0"),
              "rollout.max_new_tokens: 0 must be >= 1"),
     BadInput("one sample per prompt with group-normalised advantages", "train",

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 import torch
 
 from gspo_megatron.algorithms.advantages import DynamicSamplingBuffer, compute_group_advantages
-from gspo_megatron.rollout.types import GenerationRequest, Sample, SamplingParams
+from gspo_megatron.rollout.types import GenerationRequest, Sample, SamplingParams, prefix_cache_hit
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,8 @@ def _rollout_metrics(out: ScoredRollout, all_rewards: List[float], groups: Dynam
     (their spread, p90 / p10 and max / min, is what a long-tail workload is measured by)."""
     lengths = sorted(len(s.response_token_ids) for s in out.samples)
     rewards_t = torch.tensor(all_rewards)
-    return {
+    hit = prefix_cache_hit(out.samples)  # server engines: rollout.sglang.routing's effect
+    return {**({"rollout/prefix_cache_hit": hit} if hit is not None else {}),
         "reward/mean": float(rewards_t.mean()),
         "reward/std": float(rewards_t.std()) if len(all_rewards) > 1 else 0.0,
         "rollout/zero_variance_group_frac": groups.num_zero_variance / max(groups.num_seen, 1),

@@ -29,7 +29,7 @@ from contextlib import nullcontext
 from typing import Any, Callable, ContextManager, Dict, List, Optional
 
 from gspo_megatron.data.records import PromptRecord
-from gspo_megatron.rollout.types import Sample, SamplingParams
+from gspo_megatron.rollout.types import Sample, SamplingParams, prefix_cache_hit
 from gspo_megatron.trainer.batching import token_lags
 from gspo_megatron.trainer.preemption import AbandonMarker, StepAbandoned, raise_if_abandoned
 from gspo_megatron.trainer.schedule.base import (ReadyRollout, RolloutSchedule, SyncWeights,
@@ -256,6 +256,9 @@ class AsyncRollouts(RolloutSchedule):
             "rollout/response_len_max": float(max(lengths)),
             "rollout/truncated_frac": sum(s.finish_reason == "length" for s in out.samples)
             / len(lengths)})
+        hit = prefix_cache_hit(out.samples)
+        if hit is not None:
+            metrics["rollout/prefix_cache_hit"] = hit
         return metrics
 
     # ---- checkpoints -----------------------------------------------------------------------
