@@ -117,15 +117,21 @@ class SampleRunner:
         errors: List[str] = []
         start = time.perf_counter()
         attempt = failures = 0
+        warmed = False
         while failures <= self.max_retries:
             # read before the gate: a pause that begins after it cuts this attempt (pause_and_abort
             # closes the gate, then bumps the epoch)
             epoch, sent_at = self.control.pause_epoch, self.control.version_index()
             server = self._acquire(name, tried, errors, req)
+            if not warmed and self.warmup is not None:
+                warmed = True
+                try:
+                    self.warmup.before_first_attempt(server, req)
+                finally:
+                    self.pool.release(server)
+                continue  # a sync may have begun meanwhile: the gate and epoch are read again
             rid = f"{req.prompt_id}/{idx}/{attempt}"
             attempt += 1
-            if attempt == 1 and self.warmup is not None:
-                self.warmup.before_first_attempt(server, req)
             try:
                 result = self._attempt(server, rid, rollout.payload(rid, self.routing_shape is not None),
                                        epoch)
