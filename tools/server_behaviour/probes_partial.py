@@ -181,7 +181,9 @@ def _wait(seconds: float) -> str:
 
 def probe_pause_wait(ctx: Context) -> Observed:
     """How long ``/pause_generation {mode: abort}`` takes while a request runs, and after
-    ``/abort_request {abort_all}`` with its answer already back."""
+    ``/abort_request {abort_all}`` with its answer already back (timed from the answer: fresh
+    clone 26 timed the abort and its answer too, 1 s or more for the stand-in on the loaded
+    machine, and the row differed)."""
     out, measured = {}, {}
     for t in ctx.both:
         worker, done = _long_request(t, "timed", ctx.prompts[2])
@@ -191,9 +193,9 @@ def probe_pause_wait(ctx: Context) -> Observed:
         worker.join(120)
         t.call("POST", api.CONTINUE, {})
         worker, done = _long_request(t, "timed2", ctx.prompts[2])
-        t0 = time.monotonic()
         t.call("POST", api.ABORT, api.abort_payload(abort_all=True))
         worker.join(120)
+        t0 = time.monotonic()  # the pause alone: the abort's round trip is not the row's question
         t.call("POST", api.PAUSE, api.pause_payload("abort"))
         first = time.monotonic() - t0
         t.call("POST", api.CONTINUE, {})
